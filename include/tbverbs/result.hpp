@@ -1,0 +1,341 @@
+/// @file result.hpp
+/// `tbverbs::Result<T>`: std::expected where the standard library has the C++23 monadic one,
+/// a small bundled equivalent otherwise.
+#pragma once
+
+#include "config.hpp"
+
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#if TBVERBS_EXPECTED_IS_STD
+#include <expected>
+#endif
+
+TBVERBS_NAMESPACE_BEGIN
+
+struct Error;
+
+#if TBVERBS_EXPECTED_IS_STD
+
+/// The expected type behind Result (here: std::expected).
+template <class T, class E> using expected = std::expected<T, E>;
+/// The error wrapper (here: std::unexpected).
+template <class E> using unexpected = std::unexpected<E>;
+
+#else
+
+/// Holds an error value for constructing a failed `expected` (bundled std::unexpected).
+template <class E> class unexpected {
+public:
+  /// Wraps `e`.
+  constexpr explicit unexpected(E e) noexcept(std::is_nothrow_move_constructible_v<E>)
+      : error_(std::move(e)) {}
+  /// The wrapped error.
+  constexpr const E& error() const& noexcept { return error_; }
+  /// The wrapped error.
+  constexpr E& error() & noexcept { return error_; }
+  /// The wrapped error.
+  constexpr E&& error() && noexcept { return std::move(error_); }
+
+private:
+  E error_;
+};
+
+template <class E> unexpected(E) -> unexpected<E>;
+
+template <class T, class E> class expected;
+
+namespace detail {
+template <class X> struct is_expected : std::false_type {};
+template <class T, class E> struct is_expected<expected<T, E>> : std::true_type {};
+} // namespace detail
+
+/// A value of type T or an error of type E (bundled subset of std::expected, C++23 monadic API).
+/// The value and error members are the only state; no allocation, no exceptions.
+template <class T, class E> class [[nodiscard]] expected {
+public:
+  /// The value type.
+  using value_type = T;
+  /// The error type.
+  using error_type = E;
+
+  /// Value-initialises T.
+  constexpr expected() requires std::is_default_constructible_v<T> : has_(true) {
+    ::new (&val_) T();
+  }
+  /// Holds a value converted from `v`.
+  template <class U = T>
+    requires(std::is_constructible_v<T, U &&> && !std::is_same_v<std::remove_cvref_t<U>, expected> &&
+             !std::is_same_v<std::remove_cvref_t<U>, unexpected<E>>)
+  constexpr expected(U&& v) : has_(true) { // NOLINT(google-explicit-constructor): mirrors std
+    ::new (&val_) T(std::forward<U>(v));
+  }
+  /// Holds the error carried by `u`.
+  template <class G>
+  constexpr expected(const unexpected<G>& u) : has_(false) { // NOLINT: mirrors std
+    ::new (&err_) E(u.error());
+  }
+  /// Holds the error carried by `u`.
+  template <class G>
+  constexpr expected(unexpected<G>&& u) : has_(false) { // NOLINT: mirrors std
+    ::new (&err_) E(std::move(u).error());
+  }
+  /// Copies value or error.
+  constexpr expected(const expected& o) : has_(o.has_) {
+    if (has_) ::new (&val_) T(o.val_);
+    else ::new (&err_) E(o.err_);
+  }
+  /// Moves value or error.
+  constexpr expected(expected&& o) noexcept(std::is_nothrow_move_constructible_v<T> &&
+                                            std::is_nothrow_move_constructible_v<E>)
+      : has_(o.has_) {
+    if (has_) ::new (&val_) T(std::move(o.val_));
+    else ::new (&err_) E(std::move(o.err_));
+  }
+  /// Copy-assigns by destroying and re-constructing.
+  constexpr expected& operator=(const expected& o) {
+    if (this != &o) {
+      destroy();
+      has_ = o.has_;
+      if (has_) ::new (&val_) T(o.val_);
+      else ::new (&err_) E(o.err_);
+    }
+    return *this;
+  }
+  /// Move-assigns by destroying and re-constructing.
+  constexpr expected& operator=(expected&& o) noexcept(std::is_nothrow_move_constructible_v<T> &&
+                                                       std::is_nothrow_move_constructible_v<E>) {
+    if (this != &o) {
+      destroy();
+      has_ = o.has_;
+      if (has_) ::new (&val_) T(std::move(o.val_));
+      else ::new (&err_) E(std::move(o.err_));
+    }
+    return *this;
+  }
+  constexpr ~expected() { destroy(); }
+
+  /// True when a value is held.
+  constexpr bool has_value() const noexcept { return has_; }
+  /// True when a value is held.
+  constexpr explicit operator bool() const noexcept { return has_; }
+
+  /// The value; precondition: has_value().
+  constexpr T& value() & noexcept { return val_; }
+  /// The value; precondition: has_value().
+  constexpr const T& value() const& noexcept { return val_; }
+  /// The value; precondition: has_value().
+  constexpr T&& value() && noexcept { return std::move(val_); }
+  /// The value; precondition: has_value().
+  constexpr T& operator*() & noexcept { return val_; }
+  /// The value; precondition: has_value().
+  constexpr const T& operator*() const& noexcept { return val_; }
+  /// The value; precondition: has_value().
+  constexpr T&& operator*() && noexcept { return std::move(val_); }
+  /// Member access to the value; precondition: has_value().
+  constexpr T* operator->() noexcept { return &val_; }
+  /// Member access to the value; precondition: has_value().
+  constexpr const T* operator->() const noexcept { return &val_; }
+
+  /// The error; precondition: !has_value().
+  constexpr E& error() & noexcept { return err_; }
+  /// The error; precondition: !has_value().
+  constexpr const E& error() const& noexcept { return err_; }
+  /// The error; precondition: !has_value().
+  constexpr E&& error() && noexcept { return std::move(err_); }
+
+  /// The value, or `d` when an error is held.
+  template <class U> constexpr T value_or(U&& d) const& {
+    return has_ ? val_ : static_cast<T>(std::forward<U>(d));
+  }
+  /// The value, or `d` when an error is held.
+  template <class U> constexpr T value_or(U&& d) && {
+    return has_ ? std::move(val_) : static_cast<T>(std::forward<U>(d));
+  }
+
+  /// f(value) (which returns an expected with the same error type), or the error.
+  template <class F> constexpr auto and_then(F&& f) & { return and_then_impl(*this, std::forward<F>(f)); }
+  /// f(value) (which returns an expected with the same error type), or the error.
+  template <class F> constexpr auto and_then(F&& f) const& {
+    return and_then_impl(*this, std::forward<F>(f));
+  }
+  /// f(value) (which returns an expected with the same error type), or the error.
+  template <class F> constexpr auto and_then(F&& f) && {
+    return and_then_impl(std::move(*this), std::forward<F>(f));
+  }
+  /// An expected holding f(value), or the error.
+  template <class F> constexpr auto transform(F&& f) & { return transform_impl(*this, std::forward<F>(f)); }
+  /// An expected holding f(value), or the error.
+  template <class F> constexpr auto transform(F&& f) const& {
+    return transform_impl(*this, std::forward<F>(f));
+  }
+  /// An expected holding f(value), or the error.
+  template <class F> constexpr auto transform(F&& f) && {
+    return transform_impl(std::move(*this), std::forward<F>(f));
+  }
+  /// The value, or f(error) (which returns an expected with the same value type).
+  template <class F> constexpr auto or_else(F&& f) const& {
+    using R = std::remove_cvref_t<std::invoke_result_t<F, const E&>>;
+    return has_ ? R(val_) : std::forward<F>(f)(err_);
+  }
+  /// The value, or f(error) (which returns an expected with the same value type).
+  template <class F> constexpr auto or_else(F&& f) && {
+    using R = std::remove_cvref_t<std::invoke_result_t<F, E&&>>;
+    return has_ ? R(std::move(val_)) : std::forward<F>(f)(std::move(err_));
+  }
+  /// The value, or an expected holding f(error).
+  template <class F> constexpr auto transform_error(F&& f) const& {
+    using G = std::remove_cvref_t<std::invoke_result_t<F, const E&>>;
+    using R = expected<T, G>;
+    return has_ ? R(val_) : R(unexpected<G>(std::forward<F>(f)(err_)));
+  }
+  /// The value, or an expected holding f(error).
+  template <class F> constexpr auto transform_error(F&& f) && {
+    using G = std::remove_cvref_t<std::invoke_result_t<F, E&&>>;
+    using R = expected<T, G>;
+    return has_ ? R(std::move(val_)) : R(unexpected<G>(std::forward<F>(f)(std::move(err_))));
+  }
+
+private:
+  template <class Self, class F> static constexpr auto and_then_impl(Self&& self, F&& f) {
+    using R = std::remove_cvref_t<std::invoke_result_t<F, decltype(std::forward<Self>(self).val_)>>;
+    static_assert(detail::is_expected<R>::value, "and_then: f must return an expected");
+    if (self.has_) return std::forward<F>(f)(std::forward<Self>(self).val_);
+    return R(unexpected<E>(std::forward<Self>(self).err_));
+  }
+  template <class Self, class F> static constexpr auto transform_impl(Self&& self, F&& f) {
+    using U = std::remove_cvref_t<std::invoke_result_t<F, decltype(std::forward<Self>(self).val_)>>;
+    using R = expected<U, E>;
+    if (!self.has_) return R(unexpected<E>(std::forward<Self>(self).err_));
+    if constexpr (std::is_void_v<U>) {
+      std::forward<F>(f)(std::forward<Self>(self).val_);
+      return R();
+    } else {
+      return R(std::forward<F>(f)(std::forward<Self>(self).val_));
+    }
+  }
+  constexpr void destroy() noexcept {
+    if (has_) val_.~T();
+    else err_.~E();
+  }
+
+  union {
+    T val_;
+    E err_;
+  };
+  bool has_;
+};
+
+/// A success without a value, or an error of type E (bundled std::expected<void, E>).
+template <class E> class [[nodiscard]] expected<void, E> {
+public:
+  /// The value type.
+  using value_type = void;
+  /// The error type.
+  using error_type = E;
+
+  /// Success.
+  constexpr expected() noexcept : has_(true) {}
+  /// Holds the error carried by `u`.
+  template <class G>
+  constexpr expected(const unexpected<G>& u) : has_(false) { // NOLINT: mirrors std
+    ::new (&err_) E(u.error());
+  }
+  /// Holds the error carried by `u`.
+  template <class G>
+  constexpr expected(unexpected<G>&& u) : has_(false) { // NOLINT: mirrors std
+    ::new (&err_) E(std::move(u).error());
+  }
+  /// Copies.
+  constexpr expected(const expected& o) : has_(o.has_) {
+    if (!has_) ::new (&err_) E(o.err_);
+  }
+  /// Moves.
+  constexpr expected(expected&& o) noexcept(std::is_nothrow_move_constructible_v<E>) : has_(o.has_) {
+    if (!has_) ::new (&err_) E(std::move(o.err_));
+  }
+  /// Copy-assigns.
+  constexpr expected& operator=(const expected& o) {
+    if (this != &o) {
+      destroy();
+      has_ = o.has_;
+      if (!has_) ::new (&err_) E(o.err_);
+    }
+    return *this;
+  }
+  /// Move-assigns.
+  constexpr expected& operator=(expected&& o) noexcept(std::is_nothrow_move_constructible_v<E>) {
+    if (this != &o) {
+      destroy();
+      has_ = o.has_;
+      if (!has_) ::new (&err_) E(std::move(o.err_));
+    }
+    return *this;
+  }
+  constexpr ~expected() { destroy(); }
+
+  /// True on success.
+  constexpr bool has_value() const noexcept { return has_; }
+  /// True on success.
+  constexpr explicit operator bool() const noexcept { return has_; }
+  /// Does nothing (there is no value); precondition: has_value().
+  constexpr void value() const noexcept {}
+  /// Does nothing (there is no value); precondition: has_value().
+  constexpr void operator*() const noexcept {}
+
+  /// The error; precondition: !has_value().
+  constexpr E& error() & noexcept { return err_; }
+  /// The error; precondition: !has_value().
+  constexpr const E& error() const& noexcept { return err_; }
+  /// The error; precondition: !has_value().
+  constexpr E&& error() && noexcept { return std::move(err_); }
+
+  /// f() (which returns an expected with the same error type), or the error.
+  template <class F> constexpr auto and_then(F&& f) const& {
+    using R = std::remove_cvref_t<std::invoke_result_t<F>>;
+    static_assert(detail::is_expected<R>::value, "and_then: f must return an expected");
+    return has_ ? std::forward<F>(f)() : R(unexpected<E>(err_));
+  }
+  /// An expected holding f(), or the error.
+  template <class F> constexpr auto transform(F&& f) const& {
+    using U = std::remove_cvref_t<std::invoke_result_t<F>>;
+    using R = expected<U, E>;
+    if (!has_) return R(unexpected<E>(err_));
+    if constexpr (std::is_void_v<U>) {
+      std::forward<F>(f)();
+      return R();
+    } else {
+      return R(std::forward<F>(f)());
+    }
+  }
+  /// Success, or f(error) (which returns an expected<void, G>).
+  template <class F> constexpr auto or_else(F&& f) const& {
+    using R = std::remove_cvref_t<std::invoke_result_t<F, const E&>>;
+    return has_ ? R() : std::forward<F>(f)(err_);
+  }
+  /// Success, or an expected holding f(error).
+  template <class F> constexpr auto transform_error(F&& f) const& {
+    using G = std::remove_cvref_t<std::invoke_result_t<F, const E&>>;
+    using R = expected<void, G>;
+    return has_ ? R() : R(unexpected<G>(std::forward<F>(f)(err_)));
+  }
+
+private:
+  constexpr void destroy() noexcept {
+    if (!has_) err_.~E();
+  }
+  union {
+    char none_;
+    E err_;
+  };
+  bool has_;
+};
+
+#endif // TBVERBS_EXPECTED_IS_STD
+
+/// The result of every fallible tbverbs operation: a T, or an Error saying what failed and why.
+template <class T> using Result = expected<T, Error>;
+
+TBVERBS_NAMESPACE_END
