@@ -1,0 +1,29 @@
+# Helper functions for tbverbs' own targets (tests, examples, benchmarks, emulator).
+# Nothing here is applied to the tbverbs INTERFACE target or to consumers.
+include_guard(GLOBAL)
+
+# tbverbs_target_warnings(<target>...)
+#   Strict warnings as errors on tbverbs' own test/example/bench targets.
+function(tbverbs_target_warnings)
+  foreach(target IN LISTS ARGN)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+      target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+    elseif(MSVC)
+      target_compile_options(${target} PRIVATE /W4 /WX /permissive-)
+    endif()
+  endforeach()
+endfunction()
+
+# tbverbs_add_all_subdirectories()
+#   add_subdirectory() of every direct subfolder of the current source directory that has a
+#   CMakeLists.txt, in sorted order, so a new example or benchmark needs no edit of its parent.
+#   CONFIGURE_DEPENDS re-runs the glob when a folder appears.
+function(tbverbs_add_all_subdirectories)
+  file(GLOB _tbverbs_lists CONFIGURE_DEPENDS LIST_DIRECTORIES false
+       RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/*/CMakeLists.txt)
+  list(SORT _tbverbs_lists)
+  foreach(_list IN LISTS _tbverbs_lists)
+    get_filename_component(_dir ${_list} DIRECTORY)
+    add_subdirectory(${_dir})
+  endforeach()
+endfunction()
