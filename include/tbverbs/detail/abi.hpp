@@ -68,3 +68,9 @@ TBVERBS_NAMESPACE_END
 #define TBVERBS_ABI_FROM_PLATFORM 0
 #include "abi_own.hpp"
 #endif
+
+TBVERBS_NAMESPACE_BEGIN
+/// The raw verbs types and constants (`abi::ibv_send_wr`, `abi::IBV_WR_SEND`), for the escape
+/// hatches (`post_send(ibv_send_wr&)`, `native_handle()`): the platform's when it has verbs.h.
+namespace abi = detail::abi;
+TBVERBS_NAMESPACE_END

@@ -1,0 +1,185 @@
+/// @file context.hpp
+/// An opened device (`ibv_open_device`): port and device queries, the GID table, and the
+/// factories of protection domains and completion queues.
+#pragma once
+
+#include "completion_queue.hpp"
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "gid.hpp"
+#include "loader.hpp"
+#include "protection_domain.hpp"
+#include "result.hpp"
+#include "types.hpp"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// An opened verbs device. Move-only, never null; closed on destruction after every object made
+/// from it (children keep it alive, so teardown order is always right).
+class Context {
+public:
+  /// Opens the device called `name`; an empty name means the `TBVERBS_DEVICE` environment
+  /// variable, else the first device. Errors: `no_device` (with the library's errno and the
+  /// diagnosis), `device_not_found` (listing the devices that exist), or open_device's errno.
+  /// Nothing else (PD, MR) is touched when the name is wrong.
+  [[nodiscard]] static Result<Context> open(const Library& lib, std::string_view name = {}) {
+    auto list = DeviceList::get(lib);
+    if (!list) return fail(list.error());
+    std::string wanted(name);
+    if (wanted.empty())
+      if (const char* env = std::getenv("TBVERBS_DEVICE"); env != nullptr) wanted = env;
+    Result<Device> dev = wanted.empty() ? Result<Device>(list->devices().front()) : list->find(wanted);
+    if (!dev) return fail(dev.error());
+    return open(lib, *dev);
+  }
+
+  /// Opens one device of a DeviceList.
+  [[nodiscard]] static Result<Context> open(const Library& lib, const Device& device) {
+    const detail::VerbsApi& api = lib.api();
+    auto info = std::make_shared<detail::ContextInfo>();
+    info->api = &api;
+    info->device.assign(device.name());
+    info->platform = device.platform();
+    errno = 0;
+    abi::ibv_context* ctx = api.open_device(device.native_handle());
+    if (ctx == nullptr) {
+      Error e = Error::from_errno(Step::open_device);
+      return fail(info->stamp(e));
+    }
+    return Context(detail::Owned<abi::ibv_context>(ctx, api.close_device, nullptr), std::move(info));
+  }
+
+  /// The device name.
+  std::string_view name() const noexcept { return info_->device.view(); }
+  /// The provider family (selects the diagnoses' remedies).
+  Platform platform() const noexcept { return info_->platform; }
+
+  /// Device limits. Errors: query_device's return value.
+  [[nodiscard]] Result<DeviceAttributes> query_device() const {
+    abi::ibv_device_attr a{};
+    if (const int rc = info_->api->query_device(ctx_.get(), &a); rc != 0) {
+      Error e = Error::from_return(Step::query_device, rc);
+      return fail(info_->stamp(e));
+    }
+    DeviceAttributes d;
+    d.max_qp = a.max_qp;
+    d.max_qp_wr = a.max_qp_wr;
+    d.max_sge = a.max_sge;
+    d.max_cq = a.max_cq;
+    d.max_cqe = a.max_cqe;
+    d.max_mr = a.max_mr;
+    d.max_mr_size = a.max_mr_size;
+    d.phys_port_cnt = a.phys_port_cnt;
+    return d;
+  }
+
+  /// One port's attributes. Errors: query_port's return value.
+  [[nodiscard]] Result<PortAttributes> query_port(std::uint8_t port = 1) const {
+    abi::ibv_port_attr a;
+    std::memset(&a, 0, sizeof a); // the exported symbol fills only the fields it knows
+    if (const int rc = info_->api->query_port(ctx_.get(), port, &a); rc != 0) {
+      Error e = Error::from_return(Step::query_port, rc);
+      return fail(info_->stamp(e, port));
+    }
+    PortAttributes p;
+    p.port = port;
+    p.state = static_cast<PortState>(a.state);
+    p.max_mtu = static_cast<Mtu>(a.max_mtu);
+    p.active_mtu = static_cast<Mtu>(a.active_mtu);
+    p.gid_table_length = a.gid_tbl_len;
+    p.lid = a.lid;
+    p.link_layer = static_cast<LinkLayer>(a.link_layer);
+    return p;
+  }
+
+  /// The port's state must be active; `port_not_active` (with the state's name) otherwise.
+  [[nodiscard]] Result<PortAttributes> require_active_port(std::uint8_t port = 1) const {
+    auto p = query_port(port);
+    if (!p) return p;
+    if (p->state != PortState::active && p->state != PortState::active_defer) {
+      Error e = Error::make(Step::query_port, ErrorKind::port_not_active,
+                            std::string("state ") + std::string(port_state_name(p->state)));
+      return fail(info_->stamp(e, port));
+    }
+    return p;
+  }
+
+  /// A fresh snapshot of the port's whole GID table. Never cache it across connects: addresses
+  /// change (APIPA renegotiation) and entries move.
+  [[nodiscard]] Result<GidTable> gid_table(std::uint8_t port = 1) const {
+    auto p = query_port(port);
+    if (!p) return fail(p.error());
+    return GidTable::read(*info_->api, ctx_.keep_alive(), port, p->gid_table_length, info_->platform,
+                          info_->device.view());
+  }
+
+  /// Allocates a protection domain. When the driver refuses without saying why (Apple's does
+  /// so on a port that is down), the port is queried so the error can say so.
+  [[nodiscard]] Result<ProtectionDomain> alloc_pd() const {
+    const detail::VerbsApi& api = *info_->api;
+    errno = 0;
+    abi::ibv_pd* pd = api.alloc_pd(ctx_.get());
+    if (pd == nullptr) {
+      Error e = Error::from_errno(Step::alloc_pd);
+      info_->stamp(e);
+      if (auto port = query_port(1); port && port->state != PortState::active)
+        e.with_detail("port 1 is " + std::string(port_state_name(port->state)));
+      return fail(e);
+    }
+    return ProtectionDomain(detail::Owned<abi::ibv_pd>(pd, api.dealloc_pd, ctx_.keep_alive()), info_);
+  }
+
+  /// Creates a completion queue with room for at least `entries` completions (clamped to the
+  /// device's max_cqe, since a larger request is refused with EINVAL). Size it for every
+  /// outstanding signalled send plus every posted receive: an overrun loses completions.
+  /// With `with_channel` (and a library that has completion channels) `wait` sleeps on a fd.
+  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, bool with_channel = true) const {
+    const detail::VerbsApi& api = *info_->api;
+    if (auto dev = query_device(); dev && dev->max_cqe > 0 && entries > dev->max_cqe) entries = dev->max_cqe;
+    detail::Owned<abi::ibv_comp_channel> channel;
+    if (with_channel && api.create_comp_channel != nullptr) {
+      errno = 0;
+      abi::ibv_comp_channel* ch = api.create_comp_channel(ctx_.get());
+      if (ch == nullptr) {
+        Error e = Error::from_errno(Step::create_comp_channel);
+        return fail(info_->stamp(e));
+      }
+      channel = detail::Owned<abi::ibv_comp_channel>(ch, api.destroy_comp_channel, ctx_.keep_alive());
+    }
+    errno = 0;
+    abi::ibv_cq* cq = api.create_cq(ctx_.get(), entries, nullptr, channel.get(), 0);
+    if (cq == nullptr) {
+      Error e = Error::from_errno(Step::create_cq);
+      return fail(info_->stamp(e).with_detail(std::to_string(entries) + " entries"));
+    }
+    auto parent = channel.get() != nullptr ? channel.keep_alive() : ctx_.keep_alive();
+    return CompletionQueue(std::move(channel), detail::Owned<abi::ibv_cq>(cq, api.destroy_cq, std::move(parent)),
+                           info_);
+  }
+
+  /// Closes the device now and returns the verb's result (EBUSY while children are alive).
+  [[nodiscard]] Result<void> close() noexcept { return ctx_.close(); }
+  /// The raw `ibv_context*`.
+  abi::ibv_context* native_handle() const noexcept { return ctx_.get(); }
+  /// Shared state used by handles made from this context.
+  const std::shared_ptr<detail::ContextInfo>& info() const noexcept { return info_; }
+
+private:
+  Context(detail::Owned<abi::ibv_context> ctx, std::shared_ptr<detail::ContextInfo> info)
+      : ctx_(std::move(ctx)), info_(std::move(info)) {}
+  detail::Owned<abi::ibv_context> ctx_;
+  std::shared_ptr<detail::ContextInfo> info_;
+};
+
+TBVERBS_NAMESPACE_END

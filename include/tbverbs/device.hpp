@@ -1,0 +1,127 @@
+/// @file device.hpp
+/// The list of verbs devices a library reports (`ibv_get_device_list`).
+#pragma once
+
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "error.hpp"
+#include "loader.hpp"
+#include "result.hpp"
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+TBVERBS_NAMESPACE_BEGIN
+
+namespace detail {
+/// Deleter of a device list.
+struct FreeDeviceList {
+  void (*free)(abi::ibv_device**);
+  void operator()(abi::ibv_device** l) const noexcept {
+    if (l != nullptr && free != nullptr) free(l);
+  }
+};
+} // namespace detail
+
+/// The provider family of one device: Apple's Thunderbolt devices are named `rdma_enN`
+/// (the emulator's Thunderbolt profile uses the same names), everything else is rdma-core.
+inline Platform platform_of_device(std::string_view name, Platform library_platform) noexcept {
+  if (name.substr(0, 7) == "rdma_en") return Platform::apple;
+  return library_platform == Platform::any ? Platform::rdma_core : library_platform;
+}
+
+/// One device of a DeviceList: a non-owning view, valid while its DeviceList lives.
+class Device {
+public:
+  /// The device name (`rdma_en2`, `mlx5_0`).
+  std::string_view name() const noexcept {
+    const char* n = api_->get_device_name(dev_);
+    return n ? std::string_view(n) : std::string_view();
+  }
+  /// The node GUID in host order.
+  std::uint64_t guid() const noexcept {
+    const std::uint64_t be = api_->get_device_guid(dev_);
+    std::uint64_t host = 0;
+    const auto* b = reinterpret_cast<const unsigned char*>(&be);
+    for (int i = 0; i < 8; ++i) host = (host << 8) | b[i];
+    return host;
+  }
+  /// The provider family of this device.
+  Platform platform() const noexcept { return platform_of_device(name(), api_->platform); }
+  /// The raw `ibv_device*`.
+  abi::ibv_device* native_handle() const noexcept { return dev_; }
+
+private:
+  friend class DeviceList;
+  Device(const detail::VerbsApi* api, abi::ibv_device* dev) noexcept : api_(api), dev_(dev) {}
+  const detail::VerbsApi* api_;
+  abi::ibv_device* dev_;
+};
+
+/// The devices of one library. Move-only; frees the list on destruction. A Context opened from
+/// one of its devices does not need the list to stay alive.
+class DeviceList {
+public:
+  /// Lists the devices. An empty list (or a failed `ibv_get_device_list`, e.g. ENOSYS when the
+  /// kernel has no RDMA) is the `no_device` error, carrying the errno and the diagnosis.
+  [[nodiscard]] static Result<DeviceList> get(const Library& lib) {
+    const detail::VerbsApi& api = lib.api();
+    int n = 0;
+    errno = 0;
+    abi::ibv_device** list = api.get_device_list(&n);
+    const int err = errno;
+    if (list == nullptr || n <= 0) {
+      if (list != nullptr) api.free_device_list(list);
+      Error e = Error::make(Step::get_device_list, ErrorKind::no_device,
+                            "the verbs library " + api.origin + " lists no RDMA device");
+      e.sys_errno = list == nullptr ? err : 0;
+      return fail(e.from(lib.platform()));
+    }
+    DeviceList d;
+    d.api_ = &api;
+    d.list_ = std::unique_ptr<abi::ibv_device*, detail::FreeDeviceList>(list, {api.free_device_list});
+    d.devices_.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) d.devices_.push_back(Device(&api, list[i]));
+    return d;
+  }
+
+  /// Number of devices (at least one).
+  std::size_t size() const noexcept { return devices_.size(); }
+  /// The devices, in the library's order.
+  const std::vector<Device>& devices() const noexcept { return devices_; }
+  /// First device.
+  auto begin() const noexcept { return devices_.begin(); }
+  /// Past the last device.
+  auto end() const noexcept { return devices_.end(); }
+
+  /// The device called `name`; `device_not_found` listing what exists otherwise.
+  [[nodiscard]] Result<Device> find(std::string_view name) const {
+    for (const Device& d : devices_)
+      if (d.name() == name) return d;
+    Error e = Error::make(Step::open_device, ErrorKind::device_not_found,
+                          std::string(name) + " not found; " + std::to_string(devices_.size()) +
+                              " available: " + names());
+    return fail(e.on(name).from(platform_of_device(name, api_->platform)));
+  }
+  /// The device names, comma-separated.
+  std::string names() const {
+    std::string s;
+    for (const Device& d : devices_) {
+      if (!s.empty()) s += ", ";
+      s += d.name();
+    }
+    return s;
+  }
+
+private:
+  DeviceList() = default;
+  const detail::VerbsApi* api_ = nullptr;
+  std::unique_ptr<abi::ibv_device*, detail::FreeDeviceList> list_;
+  std::vector<Device> devices_;
+};
+
+TBVERBS_NAMESPACE_END

@@ -1,0 +1,223 @@
+/// @file loader.hpp
+/// Loading the verbs library at run time: `dlopen` plus one table of function pointers per
+/// library (nothing is linked at build time). Several libraries may be loaded side by side
+/// (the real one and the emulator, say); every handle remembers the table it came from.
+#pragma once
+
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "error.hpp"
+#include "result.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+TBVERBS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The verbs functions tbverbs calls, resolved once per loaded library. The data path
+/// (post_send, post_recv, poll_cq, req_notify_cq) is not here: like the platform header's
+/// inline functions, it goes through each context's ops table.
+struct VerbsApi {
+  // Required: loading fails with a named error when one is missing.
+  abi::ibv_device** (*get_device_list)(int* num_devices) = nullptr;
+  void (*free_device_list)(abi::ibv_device** list) = nullptr;
+  const char* (*get_device_name)(abi::ibv_device* device) = nullptr;
+  std::uint64_t (*get_device_guid)(abi::ibv_device* device) = nullptr;  // network byte order
+  abi::ibv_context* (*open_device)(abi::ibv_device* device) = nullptr;
+  int (*close_device)(abi::ibv_context* context) = nullptr;
+  int (*query_device)(abi::ibv_context* context, abi::ibv_device_attr* attr) = nullptr;
+  // The exported symbol behind the header's ibv_query_port macro; the caller zeroes the struct.
+  int (*query_port)(abi::ibv_context* context, std::uint8_t port, abi::ibv_port_attr* attr) = nullptr;
+  int (*query_gid)(abi::ibv_context* context, std::uint8_t port, int index, abi::ibv_gid* gid) = nullptr;
+  abi::ibv_pd* (*alloc_pd)(abi::ibv_context* context) = nullptr;
+  int (*dealloc_pd)(abi::ibv_pd* pd) = nullptr;
+  abi::ibv_mr* (*reg_mr)(abi::ibv_pd* pd, void* addr, std::size_t length, int access) = nullptr;
+  int (*dereg_mr)(abi::ibv_mr* mr) = nullptr;
+  abi::ibv_cq* (*create_cq)(abi::ibv_context* context, int cqe, void* cq_context,
+                            abi::ibv_comp_channel* channel, int comp_vector) = nullptr;
+  int (*destroy_cq)(abi::ibv_cq* cq) = nullptr;
+  abi::ibv_qp* (*create_qp)(abi::ibv_pd* pd, abi::ibv_qp_init_attr* attr) = nullptr;
+  int (*destroy_qp)(abi::ibv_qp* qp) = nullptr;
+  int (*modify_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask) = nullptr;
+  int (*query_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask,
+                  abi::ibv_qp_init_attr* init_attr) = nullptr;
+  // Optional: null means the feature is absent (waits then poll instead of sleeping on a channel).
+  abi::ibv_comp_channel* (*create_comp_channel)(abi::ibv_context* context) = nullptr;
+  int (*destroy_comp_channel)(abi::ibv_comp_channel* channel) = nullptr;
+  int (*get_cq_event)(abi::ibv_comp_channel* channel, abi::ibv_cq** cq, void** cq_context) = nullptr;
+  void (*ack_cq_events)(abi::ibv_cq* cq, unsigned int nevents) = nullptr;
+
+  /// Where the table came from (a path, or a name for fake tables).
+  std::string origin;
+  /// Provider family guessed from the library (refined per device by its name).
+  Platform platform = Platform::any;
+};
+
+// Function-pointer slots of different types are filled through one small lambda per entry.
+template <class F> inline void assign(F& slot, void* p) noexcept {
+  slot = reinterpret_cast<F>(p);
+}
+
+inline void* lookup(void* handle, const char* name, const char* version) noexcept {
+#if defined(__GLIBC__)
+  // rdma-core versions its symbols; ask for the node the header was written against, as the
+  // platform header's own references do, and fall back to the default version.
+  if (void* p = ::dlvsym(handle, name, version)) return p;
+#else
+  (void)version;
+#endif
+  return ::dlsym(handle, name);
+}
+
+/// Resolves every symbol of `api` from `handle`; returns the first required symbol missing.
+inline Result<void> resolve_all(void* handle, VerbsApi& api) {
+  struct Entry {
+    const char* name;
+    const char* version;
+    bool required;
+    void (*set)(VerbsApi&, void*);
+  };
+#define TBVERBS_SYM(field, ver, req)                                                              \
+  Entry { "ibv_" #field, ver, req, [](VerbsApi& a, void* p) { assign(a.field, p); } }
+  static const Entry entries[] = {
+      TBVERBS_SYM(get_device_list, "IBVERBS_1.1", true),
+      TBVERBS_SYM(free_device_list, "IBVERBS_1.1", true),
+      TBVERBS_SYM(get_device_name, "IBVERBS_1.1", true),
+      TBVERBS_SYM(get_device_guid, "IBVERBS_1.1", true),
+      TBVERBS_SYM(open_device, "IBVERBS_1.1", true),
+      TBVERBS_SYM(close_device, "IBVERBS_1.1", true),
+      TBVERBS_SYM(query_device, "IBVERBS_1.1", true),
+      TBVERBS_SYM(query_port, "IBVERBS_1.1", true),
+      TBVERBS_SYM(query_gid, "IBVERBS_1.1", true),
+      TBVERBS_SYM(alloc_pd, "IBVERBS_1.1", true),
+      TBVERBS_SYM(dealloc_pd, "IBVERBS_1.1", true),
+      TBVERBS_SYM(reg_mr, "IBVERBS_1.1", true),
+      TBVERBS_SYM(dereg_mr, "IBVERBS_1.1", true),
+      TBVERBS_SYM(create_cq, "IBVERBS_1.1", true),
+      TBVERBS_SYM(destroy_cq, "IBVERBS_1.1", true),
+      TBVERBS_SYM(create_qp, "IBVERBS_1.1", true),
+      TBVERBS_SYM(destroy_qp, "IBVERBS_1.1", true),
+      TBVERBS_SYM(modify_qp, "IBVERBS_1.1", true),
+      TBVERBS_SYM(query_qp, "IBVERBS_1.1", true),
+      TBVERBS_SYM(create_comp_channel, "IBVERBS_1.0", false),
+      TBVERBS_SYM(destroy_comp_channel, "IBVERBS_1.0", false),
+      TBVERBS_SYM(get_cq_event, "IBVERBS_1.1", false),
+      TBVERBS_SYM(ack_cq_events, "IBVERBS_1.1", false),
+  };
+#undef TBVERBS_SYM
+  for (const Entry& e : entries) {
+    void* p = lookup(handle, e.name, e.version);
+    if (p == nullptr && e.required) {
+      Error err = Error::make(Step::resolve_symbol, ErrorKind::symbol_missing);
+      std::string d = std::string(e.name) + " (" + e.version + ") not found in " + api.origin;
+      return fail(err.from(api.platform).with_detail(d));
+    }
+    e.set(api, p);
+  }
+  // A channel is only usable with all four of its functions.
+  if (!api.create_comp_channel || !api.destroy_comp_channel || !api.get_cq_event || !api.ack_cq_events) {
+    api.create_comp_channel = nullptr;
+    api.destroy_comp_channel = nullptr;
+    api.get_cq_event = nullptr;
+    api.ack_cq_events = nullptr;
+  }
+  return {};
+}
+
+/// Tables live for the whole process (libraries are never unloaded, so handles can never
+/// outlive the code they call); a deque keeps their addresses stable.
+struct LoadedTables {
+  std::mutex mutex;
+  std::deque<VerbsApi> tables;
+};
+inline LoadedTables& loaded_tables() {
+  static LoadedTables t;
+  return t;
+}
+
+inline Platform platform_of_path(std::string_view path) noexcept {
+  return path.find("librdma") != std::string_view::npos ? Platform::apple : Platform::rdma_core;
+}
+
+} // namespace detail
+
+/// A loaded verbs library: a cheap, copyable reference to its resolved function table.
+///
+/// Libraries are opened with `dlopen` and never closed. Loading the same path twice returns the
+/// same table. Thread-safe.
+class Library {
+public:
+  /// Loads the verbs library. Search order: `path` when non-empty, then the `TBVERBS_LIBRARY`
+  /// environment variable, then the platform defaults (macOS: `/usr/lib/librdma.dylib`, then
+  /// `librdma.dylib`; elsewhere `libibverbs.so.1`).
+  /// Errors: `library_not_found` (naming every path tried and dlerror's text) or
+  /// `symbol_missing` (naming the symbol), both at Step::load_library / Step::resolve_symbol.
+  [[nodiscard]] static Result<Library> load(std::string_view path = {}) {
+    std::string tried;
+    auto attempt = [&](const std::string& candidate) -> Result<Library> {
+      return open_one(candidate, tried);
+    };
+    if (!path.empty()) return attempt(std::string(path));
+    if (const char* env = std::getenv("TBVERBS_LIBRARY"); env != nullptr && *env != '\0')
+      return attempt(env);
+#if defined(__APPLE__)
+    const char* defaults[] = {"/usr/lib/librdma.dylib", "librdma.dylib"};
+#else
+    const char* defaults[] = {"libibverbs.so.1"};
+#endif
+    Result<Library> last = fail(Error::make(Step::load_library, ErrorKind::library_not_found));
+    for (const char* d : defaults) {
+      last = attempt(d);
+      if (last || last.error().kind != ErrorKind::library_not_found) return last;
+    }
+    return last;
+  }
+
+  /// Wraps a caller-owned function table (tests use fake tables). `api` must outlive every
+  /// handle made from it.
+  [[nodiscard]] static Library from_table(const detail::VerbsApi& api) noexcept { return Library(&api); }
+
+  /// The resolved function table.
+  const detail::VerbsApi& api() const noexcept { return *api_; }
+  /// The path it was loaded from.
+  std::string_view path() const noexcept { return api_->origin; }
+  /// The provider family guessed from the library name.
+  Platform platform() const noexcept { return api_->platform; }
+
+private:
+  explicit Library(const detail::VerbsApi* api) noexcept : api_(api) {}
+
+  static Result<Library> open_one(const std::string& path, std::string& tried) {
+    auto& reg = detail::loaded_tables();
+    std::lock_guard lock(reg.mutex);
+    for (const auto& t : reg.tables)
+      if (t.origin == path) return Library(&t);
+    // RTLD_LOCAL: the real library and the emulator (same symbol names) must not interpose.
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = ::dlerror();
+      if (!tried.empty()) tried += "; ";
+      tried += path + ": " + (why ? why : "dlopen failed");
+      Error e = Error::make(Step::load_library, ErrorKind::library_not_found, tried);
+      return fail(e.from(detail::platform_of_path(path)));
+    }
+    detail::VerbsApi api;
+    api.origin = path;
+    api.platform = detail::platform_of_path(path);
+    if (auto r = detail::resolve_all(handle, api); !r) return fail(r.error());
+    reg.tables.push_back(std::move(api));
+    return Library(&reg.tables.back());
+  }
+
+  const detail::VerbsApi* api_;
+};
+
+TBVERBS_NAMESPACE_END

@@ -1,0 +1,105 @@
+/// @file memory_region.hpp
+/// Registered memory (`ibv_reg_mr`) and a page-aligned buffer to register.
+#pragma once
+
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "detail/handle.hpp"
+#include "error.hpp"
+#include "result.hpp"
+#include "types.hpp"
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// A zeroed, page-aligned buffer whose length is a whole number of pages. Apple's driver needs
+/// page-aligned registrations (IOMMU), and one large slab beats many small MRs (its ~100 MR cap).
+class AlignedBuffer {
+public:
+  /// Allocates at least `bytes` (rounded up to the page size). Fails with ENOMEM at Step::reg_mr.
+  [[nodiscard]] static Result<AlignedBuffer> allocate(std::size_t bytes) {
+    const std::size_t page = page_size();
+    const std::size_t len = bytes == 0 ? page : (bytes + page - 1) / page * page;
+    void* p = nullptr;
+    if (const int rc = ::posix_memalign(&p, page, len); rc != 0)
+      return fail(Error::from_return(Step::reg_mr, rc).with_detail("allocating a page-aligned buffer"));
+    std::memset(p, 0, len);
+    AlignedBuffer b;
+    b.data_.reset(static_cast<std::byte*>(p));
+    b.size_ = len;
+    return b;
+  }
+  /// The system page size.
+  static std::size_t page_size() noexcept {
+    const long p = ::sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::size_t>(p) : 4096;
+  }
+  /// The bytes.
+  std::span<std::byte> bytes() const noexcept { return {data_.get(), size_}; }
+  /// Start of the buffer.
+  std::byte* data() const noexcept { return data_.get(); }
+  /// Length in bytes (a whole number of pages).
+  std::size_t size() const noexcept { return size_; }
+
+private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  AlignedBuffer() = default;
+  std::unique_ptr<std::byte, Free> data_;
+  std::size_t size_ = 0;
+};
+
+/// A registered memory region. Move-only; deregistered on destruction (or by close()). Keeps its
+/// protection domain alive. The memory itself is the caller's and must outlive the region.
+class MemoryRegion {
+public:
+  /// Start address.
+  std::byte* data() const noexcept { return static_cast<std::byte*>(mr_.get()->addr); }
+  /// Length in bytes.
+  std::size_t size() const noexcept { return mr_.get()->length; }
+  /// The registered bytes.
+  std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
+  /// Local key (for scatter-gather entries).
+  std::uint32_t lkey() const noexcept { return mr_.get()->lkey; }
+  /// Remote key (for a peer's RDMA WRITE or READ).
+  std::uint32_t rkey() const noexcept { return mr_.get()->rkey; }
+  /// The access rights it was registered with.
+  Access access() const noexcept { return access_; }
+
+  /// A scatter-gather entry for `length` bytes at `offset`; `invalid_argument` when the range
+  /// leaves the region (the NIC would fail the work request with a protection error).
+  [[nodiscard]] Result<abi::ibv_sge> sge(std::size_t offset, std::size_t length) const noexcept {
+    if (offset > size() || length > size() - offset || length > 0xffffffffu)
+      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+                              "range outside the registered memory region"));
+    abi::ibv_sge s{};
+    s.addr = reinterpret_cast<std::uintptr_t>(data()) + offset;
+    s.length = static_cast<std::uint32_t>(length);
+    s.lkey = lkey();
+    return s;
+  }
+
+  /// Deregisters now and returns the verb's result.
+  [[nodiscard]] Result<void> close() noexcept { return mr_.close(); }
+  /// The raw `ibv_mr*`.
+  abi::ibv_mr* native_handle() const noexcept { return mr_.get(); }
+
+private:
+  friend class ProtectionDomain;
+  MemoryRegion(detail::Owned<abi::ibv_mr> mr, std::shared_ptr<detail::ContextInfo> info, Access access)
+      : mr_(std::move(mr)), info_(std::move(info)), access_(access) {}
+  detail::Owned<abi::ibv_mr> mr_;
+  std::shared_ptr<detail::ContextInfo> info_;
+  Access access_;
+};
+
+TBVERBS_NAMESPACE_END

@@ -1,0 +1,332 @@
+/// @file recipe.hpp
+/// `QpRecipe`: every choice of a queue pair's INIT/RTR/RTS transitions in one value, built
+/// around one GidSelection; `PreparedQueuePair`: a created, unconnected QP and its Endpoint.
+#pragma once
+
+#include "completion_queue.hpp"
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "detail/handle.hpp"
+#include "endpoint.hpp"
+#include "error.hpp"
+#include "gid.hpp"
+#include "protection_domain.hpp"
+#include "queue_pair.hpp"
+#include "result.hpp"
+#include "types.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// One `ibv_modify_qp` call: the attributes and the mask, as built by a recipe (inspectable).
+struct QpTransition {
+  abi::ibv_qp_attr attr{}; ///< The attributes.
+  int mask = 0;            ///< The `ibv_qp_attr_mask` bits that are set.
+};
+
+namespace detail {
+/// A 24-bit PSN that differs per process and per call: a random per-process seed, the pid,
+/// and a counter stepped by 0x1000 + 1 (so re-created QPs never reuse a recent PSN).
+inline std::uint32_t fresh_psn() noexcept {
+  static const std::uint32_t seed = [] {
+    std::uint32_t s = static_cast<std::uint32_t>(::getpid()) * 2654435761u;
+    try {
+      std::random_device rd;
+      s ^= rd();
+    } catch (...) {
+      s ^= static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+    return s;
+  }();
+  static std::atomic<std::uint32_t> counter{0};
+  const std::uint32_t n = counter.fetch_add(1, std::memory_order_relaxed);
+  return (seed + n * 0x1001u) & 0xffffffu;
+}
+} // namespace detail
+
+/// Everything about a queue pair that both sides must agree on, and the GID it is built around.
+///
+/// A recipe can only be made from a GidSelection, and both the RTR `sgid_index` and the GID in
+/// the advertised Endpoint are read from that one selection: they cannot disagree (JACCL's
+/// hard-coded `sgid_index = 1` against a scanned GID is the failure this prevents).
+class QpRecipe {
+public:
+  /// Apple's RDMA over Thunderbolt, as the driver accepts it: UC, path MTU 1024, GRH always with
+  /// hop limit 1, SEND/RECV only (RDMA WRITE is accepted by the driver but never executed),
+  /// depths in 4 KiB frames (at most 4095; the driver may grant fewer).
+  static QpRecipe thunderbolt(const GidSelection& gid) {
+    QpRecipe r(gid);
+    r.type_ = QpType::uc;
+    r.mtu_ = Mtu::mtu1024;
+    r.hop_limit_ = 1;
+    r.caps_ = {256, 256, 1, 1, 0};
+    r.allow_rdma_write_ = false;
+    r.endpoint_caps_ = EndpointCaps::equal_frames;
+    return r;
+  }
+  /// An rdma-core RoCE/InfiniBand NIC with reliable connections: RC, MTU 1024 (raise it with
+  /// `mtu()` up to the port's active MTU), rnr_retry 7 so an early send waits for a receive
+  /// instead of failing, retry_cnt 7, timeout 14 (~67 ms), RDMA WRITE allowed.
+  static QpRecipe rdma_core_rc(const GidSelection& gid) {
+    QpRecipe r(gid);
+    r.type_ = QpType::rc;
+    r.mtu_ = Mtu::mtu1024;
+    r.hop_limit_ = 64;
+    r.caps_ = {256, 256, 1, 1, 0};
+    r.allow_rdma_write_ = true;
+    r.access_ = Access::local_write | Access::remote_write;
+    r.endpoint_caps_ = EndpointCaps::rdma_write;
+    return r;
+  }
+  /// The preset that fits `platform`: thunderbolt() for Apple, rdma_core_rc() otherwise.
+  static QpRecipe for_platform(Platform platform, const GidSelection& gid) {
+    return platform == Platform::apple ? thunderbolt(gid) : rdma_core_rc(gid);
+  }
+
+  /// Sets the transport type.
+  QpRecipe& qp_type(QpType t) noexcept { type_ = t; return *this; }
+  /// Sets the path MTU (the smaller of both sides' is used).
+  QpRecipe& mtu(Mtu m) noexcept { mtu_ = m; return *this; }
+  /// Sets the queue capacities to ask for.
+  QpRecipe& capacities(const QpCapacities& c) noexcept { caps_ = c; return *this; }
+  /// Sets the remote access rights of the QP (remote_write to be an RDMA WRITE target).
+  QpRecipe& access(Access a) noexcept { access_ = a; return *this; }
+  /// Uses a fixed initial PSN instead of a fresh one per QP (tests; masked to 24 bits).
+  QpRecipe& fixed_psn(std::uint32_t psn) noexcept { psn_ = psn & 0xffffffu; return *this; }
+  /// Sets the GRH hop limit.
+  QpRecipe& hop_limit(std::uint8_t h) noexcept { hop_limit_ = h; return *this; }
+  /// Allows or forbids rdma_write on the connected QP.
+  QpRecipe& allow_rdma_write(bool on) noexcept {
+    allow_rdma_write_ = on;
+    endpoint_caps_ = on ? (endpoint_caps_ | EndpointCaps::rdma_write)
+                        : static_cast<EndpointCaps>(static_cast<std::uint32_t>(endpoint_caps_) &
+                                                    ~static_cast<std::uint32_t>(EndpointCaps::rdma_write));
+    return *this;
+  }
+
+  /// The GID selection the recipe is built around.
+  const GidSelection& gid() const noexcept { return gid_; }
+  /// The transport type.
+  QpType type() const noexcept { return type_; }
+  /// The path MTU asked for.
+  Mtu path_mtu() const noexcept { return mtu_; }
+  /// The capacities asked for.
+  const QpCapacities& requested_capacities() const noexcept { return caps_; }
+  /// True when the connected QP may rdma_write.
+  bool rdma_write_allowed() const noexcept { return allow_rdma_write_; }
+
+  /// The attributes of `ibv_create_qp` (send and receive CQs filled in by prepare()).
+  abi::ibv_qp_init_attr init_attributes() const noexcept {
+    abi::ibv_qp_init_attr a{};
+    a.qp_type = static_cast<abi::ibv_qp_type>(type_);
+    a.cap.max_send_wr = caps_.max_send_wr;
+    a.cap.max_recv_wr = caps_.max_recv_wr;
+    a.cap.max_send_sge = caps_.max_send_sge;
+    a.cap.max_recv_sge = caps_.max_recv_sge;
+    a.cap.max_inline_data = caps_.max_inline_data;
+    a.sq_sig_all = 0;
+    return a;
+  }
+  /// RESET → INIT: port (from the selection), pkey 0, remote access rights.
+  QpTransition init_transition() const noexcept {
+    QpTransition t;
+    t.attr.qp_state = abi::IBV_QPS_INIT;
+    t.attr.pkey_index = 0;
+    t.attr.port_num = gid_.port();
+    t.attr.qp_access_flags = static_cast<unsigned>(access_) &
+                             ~static_cast<unsigned>(Access::local_write); // QP rights are remote ones
+    t.mask = abi::IBV_QP_STATE | abi::IBV_QP_PKEY_INDEX | abi::IBV_QP_PORT | abi::IBV_QP_ACCESS_FLAGS;
+    return t;
+  }
+  /// INIT → RTR toward `remote`: its QP number, PSN and GID as destination; the source GID
+  /// index is the selection's index, the same entry `local_endpoint()` advertises.
+  QpTransition rtr_transition(const Endpoint& remote) const noexcept {
+    QpTransition t;
+    t.attr.qp_state = abi::IBV_QPS_RTR;
+    t.attr.path_mtu = static_cast<abi::ibv_mtu>(std::min(static_cast<int>(mtu_), static_cast<int>(remote.mtu)));
+    t.attr.dest_qp_num = remote.qp_num;
+    t.attr.rq_psn = remote.psn;
+    t.attr.ah_attr.is_global = 1;
+    std::copy(remote.gid.raw().begin(), remote.gid.raw().end(), t.attr.ah_attr.grh.dgid.raw);
+    t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
+    t.attr.ah_attr.grh.hop_limit = hop_limit_;
+    t.attr.ah_attr.dlid = remote.lid;
+    t.attr.ah_attr.sl = 0;
+    t.attr.ah_attr.src_path_bits = 0;
+    t.attr.ah_attr.port_num = gid_.port();
+    t.mask = abi::IBV_QP_STATE | abi::IBV_QP_AV | abi::IBV_QP_PATH_MTU | abi::IBV_QP_DEST_QPN | abi::IBV_QP_RQ_PSN;
+    if (type_ == QpType::rc) {
+      t.attr.max_dest_rd_atomic = 1;
+      t.attr.min_rnr_timer = 12;
+      t.mask |= abi::IBV_QP_MAX_DEST_RD_ATOMIC | abi::IBV_QP_MIN_RNR_TIMER;
+    }
+    return t;
+  }
+  /// RTR → RTS with the local initial PSN (and the RC retry budget).
+  QpTransition rts_transition(std::uint32_t local_psn) const noexcept {
+    QpTransition t;
+    t.attr.qp_state = abi::IBV_QPS_RTS;
+    t.attr.sq_psn = local_psn & 0xffffffu;
+    t.mask = abi::IBV_QP_STATE | abi::IBV_QP_SQ_PSN;
+    if (type_ == QpType::rc) {
+      t.attr.timeout = 14;
+      t.attr.retry_cnt = 7;
+      t.attr.rnr_retry = 7;
+      t.attr.max_rd_atomic = 1;
+      t.mask |= abi::IBV_QP_TIMEOUT | abi::IBV_QP_RETRY_CNT | abi::IBV_QP_RNR_RETRY | abi::IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    return t;
+  }
+  /// The endpoint to advertise for a QP made from this recipe: the GID is the selection's.
+  Endpoint local_endpoint(std::uint32_t qp_num, std::uint32_t psn, std::uint16_t lid = 0) const noexcept {
+    Endpoint e;
+    e.qp_num = qp_num & 0xffffffu;
+    e.psn = psn & 0xffffffu;
+    e.lid = lid;
+    e.port = gid_.port();
+    e.mtu = mtu_;
+    e.qp_type = type_;
+    e.caps = endpoint_caps_;
+    e.gid = gid_.gid();
+    return e;
+  }
+
+  /// Creates the QP (RESET → INIT) on `pd` with `send_cq` and `recv_cq` (may be the same), and
+  /// reads back the capacities the driver granted. Errors: create_qp's errno (EBUSY on
+  /// Thunderbolt: the 10-QP cap or an orphaned holder), query_qp, modify_qp(INIT).
+  [[nodiscard]] Result<PreparedQueuePair> prepare(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                                  const CompletionQueue& recv_cq) const;
+  /// prepare() with one CQ for both directions.
+  [[nodiscard]] Result<PreparedQueuePair> prepare(const ProtectionDomain& pd, const CompletionQueue& cq) const;
+
+private:
+  explicit QpRecipe(const GidSelection& gid) : gid_(gid) {}
+
+  GidSelection gid_;
+  QpType type_ = QpType::uc;
+  Mtu mtu_ = Mtu::mtu1024;
+  QpCapacities caps_;
+  Access access_ = Access::none;
+  std::optional<std::uint32_t> psn_;
+  std::uint8_t hop_limit_ = 1;
+  bool allow_rdma_write_ = false;
+  EndpointCaps endpoint_caps_ = EndpointCaps::none;
+};
+
+/// A created queue pair that is not connected yet: it has an Endpoint to send to the peer, and
+/// no post functions (posting before the peer is known cannot compile). `connect` on an rvalue
+/// performs RTR and RTS and returns the connected QueuePair.
+class PreparedQueuePair {
+public:
+  /// What the peer needs: QP number, PSN, LID, GID (from the recipe's selection), MTU, type.
+  const Endpoint& endpoint() const noexcept { return local_; }
+  /// The capacities the driver granted.
+  const QpCapacities& capacities() const noexcept { return caps_; }
+  /// The recipe the QP was made from.
+  const QpRecipe& recipe() const noexcept { return recipe_; }
+  /// The raw `ibv_qp*` (for inspection; do not post on it).
+  abi::ibv_qp* native_handle() const noexcept { return owned_.get(); }
+
+  /// Connects to `remote`: checks that the peer fits (same QP type, a set GID), re-reads the
+  /// selected GID entry (a changed table is `gid_stale`, not a silent RTR failure), then
+  /// INIT → RTR → RTS. Errors carry the device, port and GID index, and the diagnosis.
+  [[nodiscard]] Result<QueuePair> connect(const Endpoint& remote) && {
+    const GidSelection& sel = recipe_.gid();
+    auto peer_error = [&](const std::string& why) {
+      Error e = Error::make(Step::check_endpoint, ErrorKind::incompatible_peer, why);
+      return fail(info_->stamp(e, sel.port(), sel.index()));
+    };
+    if (remote.qp_type != recipe_.type())
+      return peer_error("peer QP type " + std::to_string(static_cast<int>(remote.qp_type)) + " differs from local " +
+                        std::to_string(static_cast<int>(recipe_.type())));
+    if (remote.gid.is_zero())
+      return peer_error("the peer advertised an unset (zero) GID: its port has no usable GID entry");
+    if (auto r = sel.revalidate(); !r) return fail(r.error());
+
+    auto step = [&](Step s, const QpTransition& t) -> Result<void> {
+      QpTransition copy = t;
+      if (const int rc = info_->api->modify_qp(owned_.get(), &copy.attr, copy.mask); rc != 0) {
+        Error e = Error::from_return(s, rc);
+        info_->stamp(e, sel.port(), sel.index());
+        e.with_detail("local GID " + sel.gid().to_string() + " -> remote GID " + remote.gid.to_string() +
+                      ", remote QP " + std::to_string(remote.qp_num));
+        return fail(e);
+      }
+      return {};
+    };
+    if (auto r = step(Step::modify_qp_rtr, recipe_.rtr_transition(remote)); !r) return fail(r.error());
+    if (auto r = step(Step::modify_qp_rts, recipe_.rts_transition(local_.psn)); !r) return fail(r.error());
+    return QueuePair(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed());
+  }
+
+private:
+  friend class QpRecipe;
+  PreparedQueuePair(detail::Owned<abi::ibv_qp> qp, std::shared_ptr<detail::ContextInfo> info, QpRecipe recipe,
+                    QpCapacities caps, Endpoint local)
+      : owned_(std::move(qp)), info_(std::move(info)), recipe_(std::move(recipe)), caps_(caps), local_(local) {}
+
+  detail::Owned<abi::ibv_qp> owned_;
+  std::shared_ptr<detail::ContextInfo> info_;
+  QpRecipe recipe_;
+  QpCapacities caps_;
+  Endpoint local_;
+};
+
+inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                                   const CompletionQueue& recv_cq) const {
+  const auto& info = pd.info();
+  const detail::VerbsApi& api = *info->api;
+  abi::ibv_qp_init_attr init = init_attributes();
+  init.send_cq = send_cq.native_handle();
+  init.recv_cq = recv_cq.native_handle();
+  errno = 0;
+  abi::ibv_qp* qp = api.create_qp(pd.native_handle(), &init);
+  if (qp == nullptr) {
+    Error e = Error::from_errno(Step::create_qp);
+    info->stamp(e, gid_.port());
+    e.with_detail(std::to_string(info->queue_pairs.load()) + " QPs already open on this device by this process; asked " +
+                  std::to_string(caps_.max_send_wr) + " send / " + std::to_string(caps_.max_recv_wr) + " recv");
+    return fail(e);
+  }
+  // The QP keeps its PD and both CQs alive, so it is always destroyed first.
+  detail::Owned<abi::ibv_qp> owned(qp, api.destroy_qp,
+                                   detail::counted_parent(info, &detail::ContextInfo::queue_pairs, pd.keep_alive(),
+                                                          send_cq.keep_alive(), recv_cq.keep_alive()));
+
+  // Granted depths may be lower than asked (Apple counts 4 KiB frames): read them back.
+  QpCapacities granted{init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_recv_sge,
+                       init.cap.max_inline_data};
+  abi::ibv_qp_attr qattr{};
+  abi::ibv_qp_init_attr qinit{};
+  if (api.query_qp(qp, &qattr, abi::IBV_QP_CAP, &qinit) == 0 && qinit.cap.max_send_wr != 0) {
+    granted = {qinit.cap.max_send_wr, qinit.cap.max_recv_wr, qinit.cap.max_send_sge, qinit.cap.max_recv_sge,
+               qinit.cap.max_inline_data};
+  }
+
+  QpTransition t = init_transition();
+  if (const int rc = api.modify_qp(qp, &t.attr, t.mask); rc != 0) {
+    Error e = Error::from_return(Step::modify_qp_init, rc);
+    return fail(info->stamp(e, gid_.port(), gid_.index()));
+  }
+  abi::ibv_port_attr port{};
+  const std::uint16_t lid = api.query_port(qp->context, gid_.port(), &port) == 0 ? port.lid : 0;
+  const std::uint32_t psn = psn_ ? *psn_ : detail::fresh_psn();
+  return PreparedQueuePair(std::move(owned), info, *this, granted, local_endpoint(qp->qp_num, psn, lid));
+}
+
+inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, const CompletionQueue& cq) const {
+  return prepare(pd, cq, cq);
+}
+
+TBVERBS_NAMESPACE_END

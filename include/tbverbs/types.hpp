@@ -1,0 +1,115 @@
+/// @file types.hpp
+/// Small typed versions of verbs enums and attribute structs, so that callers never pass a
+/// bare integer where a QP type, an MTU or an access flag is meant.
+#pragma once
+
+#include "config.hpp"
+#include "detail/abi.hpp"
+
+#include <cstdint>
+#include <string_view>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// Queue-pair transport type (values of `enum ibv_qp_type`).
+enum class QpType : std::uint8_t {
+  rc = 2, ///< Reliable connected: retries, acknowledgements. rdma-core NICs; refused by Apple's driver.
+  uc = 3, ///< Unreliable connected: the only type Apple's Thunderbolt driver offers.
+  ud = 4, ///< Unreliable datagram: not exposed by Apple's driver.
+};
+
+/// Path MTU (values of `enum ibv_mtu`).
+enum class Mtu : std::uint8_t {
+  mtu256 = 1,  ///< 256 bytes.
+  mtu512 = 2,  ///< 512 bytes.
+  mtu1024 = 3, ///< 1024 bytes: what JACCL and ds4 use on Thunderbolt.
+  mtu2048 = 4, ///< 2048 bytes.
+  mtu4096 = 5, ///< 4096 bytes.
+};
+
+/// The MTU in bytes (0 for an unknown value).
+constexpr int mtu_bytes(Mtu m) noexcept {
+  const int v = static_cast<int>(m);
+  return v >= 1 && v <= 5 ? 128 << v : 0;
+}
+
+/// Port state (values of `enum ibv_port_state`).
+enum class PortState : std::uint8_t {
+  nop = 0,          ///< Reserved.
+  down = 1,         ///< No link: on Thunderbolt the peer is not RDMA-enabled or no cable.
+  init = 2,         ///< Link up, not configured.
+  armed = 3,        ///< Configured, not yet active.
+  active = 4,       ///< Usable.
+  active_defer = 5, ///< Active, deferring.
+};
+
+/// Printable name of a port state ("PORT_ACTIVE").
+constexpr std::string_view port_state_name(PortState s) noexcept {
+  switch (s) {
+  case PortState::nop: return "PORT_NOP";
+  case PortState::down: return "PORT_DOWN";
+  case PortState::init: return "PORT_INIT";
+  case PortState::armed: return "PORT_ARMED";
+  case PortState::active: return "PORT_ACTIVE";
+  case PortState::active_defer: return "PORT_ACTIVE_DEFER";
+  }
+  return "PORT_UNKNOWN";
+}
+
+/// Link layer of a port.
+enum class LinkLayer : std::uint8_t {
+  unspecified = 0, ///< Not reported (Apple's driver, InfiniBand on old kernels).
+  infiniband = 1,  ///< InfiniBand.
+  ethernet = 2,    ///< Ethernet (RoCE).
+};
+
+/// Memory-region access rights (bits of `enum ibv_access_flags`). Combine with `|`.
+enum class Access : int {
+  none = 0,           ///< Local read only (enough for a buffer that is only sent from).
+  local_write = 1,    ///< The NIC may write it locally: needed to receive into it.
+  remote_write = 2,   ///< A peer may RDMA WRITE into it.
+  remote_read = 4,    ///< A peer may RDMA READ from it.
+  remote_atomic = 8,  ///< A peer may run atomics on it.
+};
+/// Union of access rights.
+constexpr Access operator|(Access a, Access b) noexcept {
+  return static_cast<Access>(static_cast<int>(a) | static_cast<int>(b));
+}
+/// True when `have` includes every right of `want`.
+constexpr bool includes(Access have, Access want) noexcept {
+  return (static_cast<int>(have) & static_cast<int>(want)) == static_cast<int>(want);
+}
+
+/// Attributes of one port (`ibv_query_port`).
+struct PortAttributes {
+  std::uint8_t port = 1;                          ///< Port number.
+  PortState state = PortState::nop;               ///< Link state: must be active to use the port.
+  Mtu max_mtu = Mtu::mtu1024;                     ///< Largest MTU the port supports.
+  Mtu active_mtu = Mtu::mtu1024;                  ///< MTU in use; path MTU must not exceed it.
+  int gid_table_length = 0;                       ///< GID table length (1024 on Thunderbolt).
+  std::uint16_t lid = 0;                          ///< Local identifier (0 on RoCE and Thunderbolt).
+  LinkLayer link_layer = LinkLayer::unspecified;  ///< Link layer.
+};
+
+/// The device limits tbverbs uses (`ibv_query_device`).
+struct DeviceAttributes {
+  int max_qp = 0;              ///< Queue pairs per device (10 on Thunderbolt).
+  int max_qp_wr = 0;           ///< Work requests per queue.
+  int max_sge = 0;             ///< Scatter-gather entries per work request.
+  int max_cq = 0;              ///< Completion queues.
+  int max_cqe = 0;             ///< Entries per completion queue.
+  int max_mr = 0;              ///< Memory regions.
+  std::uint64_t max_mr_size = 0; ///< Largest memory region.
+  int phys_port_cnt = 0;       ///< Number of ports.
+};
+
+/// Queue capacities of a QP: asked for in a recipe, granted (possibly lower) by the driver.
+struct QpCapacities {
+  std::uint32_t max_send_wr = 0;     ///< Send queue depth (4 KiB frames on Thunderbolt).
+  std::uint32_t max_recv_wr = 0;     ///< Receive queue depth (4 KiB frames on Thunderbolt).
+  std::uint32_t max_send_sge = 1;    ///< Scatter-gather entries per send.
+  std::uint32_t max_recv_sge = 1;    ///< Scatter-gather entries per receive.
+  std::uint32_t max_inline_data = 0; ///< Inline bytes (0: undocumented on Apple's driver).
+};
+
+TBVERBS_NAMESPACE_END
