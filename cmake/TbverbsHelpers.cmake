@@ -14,16 +14,31 @@ function(tbverbs_target_warnings)
   endforeach()
 endfunction()
 
+# Source directories already added anywhere in the build (walks SUBDIRECTORIES from the top).
+function(_tbverbs_added_source_dirs out dir)
+  get_property(_subs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  set(_all ${_subs})
+  foreach(_sub IN LISTS _subs)
+    _tbverbs_added_source_dirs(_nested ${_sub})
+    list(APPEND _all ${_nested})
+  endforeach()
+  set(${out} ${_all} PARENT_SCOPE)
+endfunction()
+
 # tbverbs_add_all_subdirectories()
 #   add_subdirectory() of every direct subfolder of the current source directory that has a
 #   CMakeLists.txt, in sorted order, so a new example or benchmark needs no edit of its parent.
-#   CONFIGURE_DEPENDS re-runs the glob when a folder appears.
+#   CONFIGURE_DEPENDS re-runs the glob when a folder appears. A folder that another part of the
+#   build already added (e.g. bench/p2p from emulator/) is skipped instead of added twice.
 function(tbverbs_add_all_subdirectories)
   file(GLOB _tbverbs_lists CONFIGURE_DEPENDS LIST_DIRECTORIES false
        RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/*/CMakeLists.txt)
   list(SORT _tbverbs_lists)
+  _tbverbs_added_source_dirs(_added ${CMAKE_SOURCE_DIR})
   foreach(_list IN LISTS _tbverbs_lists)
     get_filename_component(_dir ${_list} DIRECTORY)
-    add_subdirectory(${_dir})
+    if(NOT ${CMAKE_CURRENT_SOURCE_DIR}/${_dir} IN_LIST _added)
+      add_subdirectory(${_dir})
+    endif()
   endforeach()
 endfunction()
