@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -113,7 +114,8 @@ struct Error;
 inline const Diagnosis* find_diagnosis(const Error& e) noexcept;
 /// The printable name of a work-completion status ("IBV_WC_RETRY_EXC_ERR"); defined in diagnosis.hpp.
 constexpr std::string_view wc_status_name(int status) noexcept;
-/// The printable name of a Step ("modify_qp(RTR)"); defined in diagnosis.hpp.
+/// The printable name of a Step: the verb it wraps ("ibv_modify_qp(RTR)") or the step
+/// ("side channel"); defined in diagnosis.hpp.
 constexpr std::string_view step_name(Step s) noexcept;
 /// The printable name of an ErrorKind; defined in diagnosis.hpp.
 constexpr std::string_view kind_name(ErrorKind k) noexcept;
@@ -156,7 +158,7 @@ struct Error {
   static Error from_return(Step step, int rc) noexcept {
     Error e;
     e.step = step;
-    e.sys_errno = rc < 0 ? -rc : rc;
+    e.sys_errno = rc >= 0 ? rc : rc == INT_MIN ? INT_MAX : -rc; // no overflow on INT_MIN
     return e;
   }
   /// `ibv_poll_cq` returns a negative number on failure.

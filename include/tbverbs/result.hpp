@@ -82,20 +82,26 @@ public:
   constexpr expected(unexpected<G>&& u) : has_(false) { // NOLINT: mirrors std
     ::new (&err_) E(std::move(u).error());
   }
-  /// Copies value or error.
-  constexpr expected(const expected& o) : has_(o.has_) {
+  /// Copies value or error (only when both T and E are copyable, so the traits tell the truth
+  /// for move-only T such as std::unique_ptr).
+  constexpr expected(const expected& o)
+    requires(std::is_copy_constructible_v<T> && std::is_copy_constructible_v<E>)
+      : has_(o.has_) {
     if (has_) ::new (&val_) T(o.val_);
     else ::new (&err_) E(o.err_);
   }
   /// Moves value or error.
   constexpr expected(expected&& o) noexcept(std::is_nothrow_move_constructible_v<T> &&
                                             std::is_nothrow_move_constructible_v<E>)
+    requires(std::is_move_constructible_v<T> && std::is_move_constructible_v<E>)
       : has_(o.has_) {
     if (has_) ::new (&val_) T(std::move(o.val_));
     else ::new (&err_) E(std::move(o.err_));
   }
   /// Copy-assigns by destroying and re-constructing.
-  constexpr expected& operator=(const expected& o) {
+  constexpr expected& operator=(const expected& o)
+    requires(std::is_copy_constructible_v<T> && std::is_copy_constructible_v<E>)
+  {
     if (this != &o) {
       destroy();
       has_ = o.has_;
@@ -106,7 +112,9 @@ public:
   }
   /// Move-assigns by destroying and re-constructing.
   constexpr expected& operator=(expected&& o) noexcept(std::is_nothrow_move_constructible_v<T> &&
-                                                       std::is_nothrow_move_constructible_v<E>) {
+                                                       std::is_nothrow_move_constructible_v<E>)
+    requires(std::is_move_constructible_v<T> && std::is_move_constructible_v<E>)
+  {
     if (this != &o) {
       destroy();
       has_ = o.has_;
