@@ -1,0 +1,63 @@
+/* Control API of the tbverbs emulated verbs fabric.
+ *
+ * These functions change the run-time state every process on a fabric shares:
+ * port state, IPv4 addresses (and so the GID tables), and injected faults. They
+ * are exported by libtbverbs_emu.so (version node TBVERBS_EMU_1.0). `fabric` is
+ * the path of the fabric description; NULL means $TBVERBS_EMU_FABRIC (or the
+ * built-in default fabric). `port` is 1-based. Every function returns 0 on
+ * success or a positive errno value; tbemu_last_error() then describes it. */
+#ifndef TBVERBS_EMU_CONTROL_H
+#define TBVERBS_EMU_CONTROL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Text of the last failure in this thread ("" if none). */
+const char* tbemu_last_error(void);
+
+/* Forgets all run-time state: ports and addresses return to the fabric file's,
+ * faults are cleared. Only call while no process uses the fabric. */
+int tbemu_reset(const char* fabric);
+
+/* IPv4 address of a port, "a.b.c.d/prefix"; it appears as GID ::ffff:a.b.c.d at index 1. */
+int tbemu_set_ipv4(const char* fabric, const char* host, const char* device, int port, const char* cidr);
+int tbemu_clear_ipv4(const char* fabric, const char* host, const char* device, int port);
+
+/* Administrative port state; the cable's other end then reports PORT_DOWN too. */
+int tbemu_set_port_up(const char* fabric, const char* host, const char* device, int port, int up);
+
+/* Fail calls of `verb` (e.g. "ibv_create_qp", "ibv_modify_qp", "ibv_post_send")
+ * with errno `err`, starting at the nth matching call (1-based) counted across all
+ * processes on `host` (NULL = any host), for `count` calls (0 = every call from then on). */
+int tbemu_fault_fail_call(const char* fabric, const char* host, const char* verb, uint64_t nth, int err,
+                          uint32_t count);
+
+/* Lose everything QP `qpn` sends (one direction of a connection). */
+int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn);
+/* The same for the next QP created on `host` (NULL = any host). */
+int tbemu_fault_drop_next_qp(const char* fabric, const char* host);
+
+/* Delay delivery of every send posted on `host` (NULL = any) by `usec` microseconds. */
+int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec);
+
+/* Removes every injected fault (drop flags on existing QPs included). */
+int tbemu_fault_clear(const char* fabric);
+
+/* Human-readable snapshot of the fabric: ports (state, address, GIDs), live QPs,
+ * faults. Valid until the next call in this thread; NULL on error. */
+const char* tbemu_describe(const char* fabric);
+
+/* Directory holding the fabric's shared state; NULL on error. */
+const char* tbemu_state_dir(const char* fabric);
+
+/* Number of QPs currently held on a device, counted across live processes. */
+int tbemu_qp_count(const char* fabric, const char* host, const char* device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,285 @@
+// C control API (include/tbverbs_emu/control.h): run-time fabric state and faults.
+#include "tbverbs_emu/control.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <sstream>
+#include <cstring>
+#include <string>
+
+#include "emu.hpp"
+
+#define EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace emu;
+
+namespace {
+
+thread_local std::string t_error;
+
+int fail(int err, const std::string& msg) {
+  t_error = msg;
+  return err;
+}
+
+// Resolves the fabric, reporting a bad file as EINVAL.
+Fabric* fabric_of(const char* path, int* err) {
+  try {
+    return path ? &load_fabric(path) : &env_fabric();
+  } catch (const std::exception& e) {
+    *err = fail(EINVAL, e.what());
+    return nullptr;
+  }
+}
+
+int lookup_port(Fabric& f, const char* host, const char* device, int port, int* out) {
+  int h = f.find_host(host ? host : "");
+  if (h < 0) return fail(ENOENT, std::string("unknown host \"") + (host ? host : "") + "\"");
+  int d = f.find_device(h, device ? device : "");
+  if (d < 0) return fail(ENOENT, std::string("host ") + host + " has no device \"" + (device ? device : "") + "\"");
+  *out = f.find_port(d, port);
+  if (*out < 0) return fail(ENOENT, std::string(host) + ":" + device + " has no port " + std::to_string(port));
+  return 0;
+}
+
+int host_index(Fabric& f, const char* host, int* out) {
+  *out = -1;
+  if (!host || !*host) return 0;
+  *out = f.find_host(host);
+  return *out < 0 ? fail(ENOENT, std::string("unknown host \"") + host + "\"") : 0;
+}
+
+ShmFault* free_fault(Shared* s) {
+  for (auto& ft : s->faults)
+    if (ft.kind == kFaultNone) return &ft;
+  return nullptr;
+}
+
+}  // namespace
+
+EMU_EXPORT const char* tbemu_last_error(void) { return t_error.c_str(); }
+
+EMU_EXPORT int tbemu_reset(const char* fabric) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  Shared* s = f->shm;
+  // In place rather than deleting the file, so processes that have it mapped
+  // (this one included) keep seeing the same state.
+  Guard g(s->lock);
+  for (size_t i = 0; i < f->ports.size(); ++i) {
+    s->ports[i].up = f->ports[i].initially_up;
+    s->ports[i].has_ip = f->ports[i].initial_has_ip;
+    s->ports[i].ip = f->ports[i].initial_ip;
+    s->ports[i].prefix = f->ports[i].initial_prefix;
+  }
+  std::memset(s->faults, 0, sizeof s->faults);
+  s->nfaults = 0;
+  for (auto& q : s->qps) q.drop_tx = 0;
+  collect_dead(s);
+  // Channel FIFOs left behind by processes that died.
+  if (DIR* d = opendir(f->state_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      int pid = 0;
+      unsigned id = 0;
+      if (std::sscanf(e->d_name, "chan-%d-%u", &pid, &id) == 2 && !pid_alive(pid))
+        ::unlink((f->state_dir + "/" + e->d_name).c_str());
+    }
+    closedir(d);
+  }
+  return 0;
+}
+
+EMU_EXPORT int tbemu_set_ipv4(const char* fabric, const char* host, const char* device, int port, const char* cidr) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int p;
+  if (int e = lookup_port(*f, host, device, port, &p)) return e;
+  uint32_t ip, prefix;
+  if (!cidr || !parse_cidr(cidr, &ip, &prefix))
+    return fail(EINVAL, std::string("bad IPv4 address \"") + (cidr ? cidr : "") + "\" (expected a.b.c.d/prefix)");
+  Guard g(f->shm->lock);
+  ShmPort& sp = f->shm->ports[p];
+  // Clear first so a concurrent GID read never sees a half-written address.
+  __atomic_store_n(&sp.has_ip, 0u, __ATOMIC_RELEASE);
+  sp.ip = ip;
+  sp.prefix = prefix;
+  __atomic_store_n(&sp.has_ip, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_clear_ipv4(const char* fabric, const char* host, const char* device, int port) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int p;
+  if (int e = lookup_port(*f, host, device, port, &p)) return e;
+  Guard g(f->shm->lock);
+  __atomic_store_n(&f->shm->ports[p].has_ip, 0u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_set_port_up(const char* fabric, const char* host, const char* device, int port, int up) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int p;
+  if (int e = lookup_port(*f, host, device, port, &p)) return e;
+  Guard g(f->shm->lock);
+  __atomic_store_n(&f->shm->ports[p].up, up ? 1u : 0u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_fault_fail_call(const char* fabric, const char* host, const char* verb, uint64_t nth, int errnum,
+                                     uint32_t count) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h;
+  if (int e = host_index(*f, host, &h)) return e;
+  if (!verb || std::strncmp(verb, "ibv_", 4) != 0 || std::strlen(verb) >= sizeof(ShmFault::verb))
+    return fail(EINVAL, "verb must be a name such as ibv_create_qp");
+  if (nth == 0 || errnum <= 0) return fail(EINVAL, "nth must be >= 1 and errno > 0");
+  Guard g(f->shm->lock);
+  ShmFault* ft = free_fault(f->shm);
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = h;
+  std::strcpy(ft->verb, verb);
+  ft->nth = nth;
+  ft->count = count;
+  ft->err = errnum;
+  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultFailCall), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
+  Guard g(f->shm->lock);
+  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  __atomic_store_n(&q.drop_tx, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_fault_drop_next_qp(const char* fabric, const char* host) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h;
+  if (int e = host_index(*f, host, &h)) return e;
+  Guard g(f->shm->lock);
+  ShmFault* ft = free_fault(f->shm);
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = h;
+  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDropNext), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h;
+  if (int e = host_index(*f, host, &h)) return e;
+  Guard g(f->shm->lock);
+  ShmFault* ft = free_fault(f->shm);
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = h;
+  ft->delay_us = usec;
+  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDelay), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_fault_clear(const char* fabric) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  Guard g(f->shm->lock);
+  std::memset(f->shm->faults, 0, sizeof f->shm->faults);
+  __atomic_store_n(&f->shm->nfaults, 0u, __ATOMIC_RELEASE);
+  for (auto& q : f->shm->qps) __atomic_store_n(&q.drop_tx, 0u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_qp_count(const char* fabric, const char* host, const char* device) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return -err;
+  int h = f->find_host(host ? host : "");
+  int d = f->find_device(h, device ? device : "");
+  if (d < 0) return -fail(ENOENT, "unknown host or device");
+  Guard g(f->shm->lock);
+  collect_dead(f->shm);
+  int n = 0;
+  for (const auto& q : f->shm->qps)
+    if (q.in_use && q.device == static_cast<uint32_t>(d)) ++n;
+  return n;
+}
+
+EMU_EXPORT const char* tbemu_state_dir(const char* fabric) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return nullptr;
+  t_error = f->state_dir;  // keep the storage alive in this thread
+  return t_error.c_str();
+}
+
+EMU_EXPORT const char* tbemu_describe(const char* fabric) {
+  static thread_local std::string out;
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return nullptr;
+  std::ostringstream o;
+  o << "fabric: " << (f->path.empty() ? "(built-in default)" : f->path) << "\n";
+  o << "state:  " << f->state_dir << "\n";
+  Shared* s = f->shm;
+  Guard g(s->lock);
+  collect_dead(s);
+  for (size_t h = 0; h < f->hosts.size(); ++h) {
+    o << "host " << f->hosts[h].name << "\n";
+    for (int d : f->hosts[h].devices) {
+      const DeviceDef& dd = f->devices[d];
+      int nqp = 0;
+      for (const auto& q : s->qps)
+        if (q.in_use && q.device == static_cast<uint32_t>(d)) ++nqp;
+      o << "  device " << dd.name << " profile=" << profile_name(dd.profile) << " qps=" << nqp << "\n";
+      for (int p : dd.ports) {
+        const ShmPort& sp = s->ports[p];
+        o << "    port " << f->ports[p].port_num << ": " << (sp.up ? "up" : "down") << ", "
+          << (port_active(*f, p) ? "PORT_ACTIVE" : "PORT_DOWN") << ", ipv4 "
+          << (sp.has_ip ? format_ipv4(sp.ip) + "/" + std::to_string(sp.prefix) : std::string("none")) << ", cable "
+          << (f->ports[p].peer >= 0 ? f->port_label(f->ports[p].peer) : std::string("none")) << "\n";
+      }
+    }
+  }
+  for (const auto& q : s->qps)
+    if (q.in_use)
+      o << "qp 0x" << std::hex << q.qpn << std::dec << " pid=" << q.pid << " device=" << f->devices[q.device].name
+        << "@" << f->hosts[f->devices[q.device].host].name << " type=" << (q.type == IBV_QPT_RC ? "RC" : "UC")
+        << " state=" << q.state << " dest=0x" << std::hex << q.dest_qpn << std::dec
+        << (q.drop_tx ? " DROPPING" : "") << "\n";
+  for (const auto& ft : s->faults) {
+    std::string host = ft.host >= 0 ? f->hosts[ft.host].name : std::string("*");
+    if (ft.kind == kFaultFailCall)
+      o << "fault fail " << ft.verb << " host=" << host << " nth=" << ft.nth << " errno=" << ft.err
+        << " count=" << ft.count << " seen=" << ft.seen << " failed=" << ft.failed << "\n";
+    else if (ft.kind == kFaultDropNext)
+      o << "fault drop-next-qp host=" << host << "\n";
+    else if (ft.kind == kFaultDelay)
+      o << "fault delay host=" << host << " usec=" << ft.delay_us << "\n";
+  }
+  out = o.str();
+  return out.c_str();
+}

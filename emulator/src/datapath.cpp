@@ -1,0 +1,626 @@
+// Data path: post_send / post_recv / poll_cq / req_notify_cq.
+//
+// The sender performs the whole transfer inside ibv_post_send: it validates its
+// own SGEs against its registered regions, finds the connected peer QP in shared
+// memory, takes the peer's next posted receive, checks the receive (or the rkey)
+// and copies the payload straight into the peer's address space. Nothing is ever
+// written outside a region that passed the key, bounds and access checks.
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+
+#include "local.hpp"
+
+namespace emu {
+namespace {
+
+std::mutex g_pending_mu;
+std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
+std::atomic<int> g_pending_count{0};
+
+inline bool is_tb(const EmuQp* q) { return q->ctx->fab->devices[q->ctx->dev].profile == Profile::Thunderbolt; }
+
+inline uint32_t frames_of(uint64_t len) { return len == 0 ? 1 : static_cast<uint32_t>((len + kFrame - 1) / kFrame); }
+
+// Resolves [addr, addr+len) through key for process `pid`/pd; on success returns the
+// process address. `need` is the access bit the operation requires (0 = local read).
+bool check_region(Shared* s, uint32_t key, uint64_t addr, uint64_t len, int32_t pid, uint32_t pd, uint32_t need,
+                  uint64_t* host_addr) {
+  const ShmMr* m = mr_of_key(s, key);
+  if (!m || m->pid != pid || m->pd != pd) return false;
+  if ((m->access & need) != need) return false;
+  if (addr < m->iova || len > m->length || addr - m->iova > m->length - len) return false;
+  *host_addr = m->addr + (addr - m->iova);
+  return true;
+}
+
+// One copy from local iovecs into the peer's. Returns false (errno set) on failure.
+bool copy_to(int32_t pid, const iovec* src, unsigned nsrc, const iovec* dst, unsigned ndst, uint64_t total) {
+  if (total == 0) return true;
+  if (pid == getpid()) {
+    // Same process (two emulated hosts in one test program): plain memcpy.
+    unsigned si = 0, di = 0;
+    size_t so = 0, doff = 0;
+    uint64_t left = total;
+    while (left > 0 && si < nsrc && di < ndst) {
+      size_t n = std::min({src[si].iov_len - so, dst[di].iov_len - doff, static_cast<size_t>(left)});
+      std::memcpy(static_cast<char*>(dst[di].iov_base) + doff, static_cast<const char*>(src[si].iov_base) + so, n);
+      so += n;
+      doff += n;
+      left -= n;
+      if (so == src[si].iov_len) ++si, so = 0;
+      if (doff == dst[di].iov_len) ++di, doff = 0;
+    }
+    return true;
+  }
+  ssize_t r = process_vm_writev(pid, src, nsrc, dst, ndst, 0);
+  if (r < 0) return false;
+  if (static_cast<uint64_t>(r) != total) {
+    errno = EFAULT;  // peer's mapping vanished under a registered region
+    return false;
+  }
+  return true;
+}
+
+ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    default: return IBV_WC_SEND;
+  }
+}
+
+void complete_send(EmuQp* q, const SendOp& op, ibv_wc_status st) {
+  if (st == IBV_WC_SUCCESS && !(op.flags & IBV_SEND_SIGNALED) && !q->sq_sig_all) return;
+  ibv_wc wc{};
+  wc.wr_id = op.wr_id;
+  wc.status = st;
+  wc.opcode = send_wc_opcode(op.opcode);
+  wc.byte_len = static_cast<uint32_t>(op.len);
+  wc.qp_num = q->qp.qp_num;
+  cq_push(*q->ctx->fab, q->scq->slot, wc, false);
+}
+
+void notify_channel(Fabric& f, int32_t pid, uint32_t channel, uint32_t cq_slot) {
+  // The channel is a FIFO read by its owner; a 4-byte record (<= PIPE_BUF) is atomic.
+  std::string path = channel_path(f, pid, channel);
+  int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;  // owner gone: nobody to wake
+  ssize_t r = ::write(fd, &cq_slot, sizeof cq_slot);
+  (void)r;
+  ::close(fd);
+}
+
+enum class Tx { Done, Rnr, NotReady };
+
+// Everything a send needs to know about the receiving side, read once.
+struct PeerView {
+  ShmQp* qp = nullptr;
+  int32_t pid = 0;
+  uint32_t pd = 0, qpn = 0, recv_cq = 0, access = 0;
+};
+
+bool find_peer(EmuQp* q, PeerView* pv) {
+  Fabric& f = *q->ctx->fab;
+  ShmQp* me = q->s;
+  if (me->peer_port < 0 || !port_active(f, static_cast<int>(me->port))) return false;
+  uint32_t dq = me->dest_qpn;
+  ShmQp* p = &f.shm->qps[dq & (kMaxQps - 1)];
+  if (!__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE) || p->qpn != dq) return false;
+  uint32_t st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return false;
+  if (p->type != me->type || p->dest_qpn != me->qpn || static_cast<int32_t>(p->port) != me->peer_port) return false;
+  pv->qp = p;
+  pv->pid = p->pid;
+  pv->pd = p->pd;
+  pv->qpn = p->qpn;
+  pv->recv_cq = p->recv_cq;
+  pv->access = p->access;
+  return true;
+}
+
+// Builds the source iovecs of a send. Returns false if an lkey check fails.
+bool source_iov(EmuQp* q, const SendOp& op, iovec* iov, unsigned* n) {
+  Shared* s = q->ctx->fab->shm;
+  *n = 0;
+  for (uint32_t i = 0; i < op.num_sge; ++i) {
+    const ibv_sge& g = op.sge[i];
+    if (g.length == 0) continue;
+    uint64_t a = g.addr;
+    if (!op.is_inline && !check_region(s, g.lkey, g.addr, g.length, q->s->pid, q->s->pd, 0, &a)) return false;
+    iov[*n].iov_base = reinterpret_cast<void*>(a);
+    iov[*n].iov_len = g.length;
+    ++*n;
+  }
+  return true;
+}
+
+// Attempts one send work request. Done means its completion(s) were generated.
+Tx try_send(EmuQp* q, SendOp& op) {
+  Fabric& f = *q->ctx->fab;
+  Shared* s = f.shm;
+  const bool rc = q->s->type == IBV_QPT_RC;
+  const bool tb = is_tb(q);
+  const bool is_write = op.opcode == IBV_WR_RDMA_WRITE || op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+
+  iovec src[kMaxSge];
+  unsigned nsrc = 0;
+  if (!source_iov(q, op, src, &nsrc)) {
+    complete_send(q, op, IBV_WC_LOC_PROT_ERR);
+    qp_to_error(q);
+    return Tx::Done;
+  }
+  if (tb && is_write) {
+    // As reported for Apple's driver: RDMA WRITE is accepted and completes, but nothing moves.
+    complete_send(q, op, IBV_WC_SUCCESS);
+    return Tx::Done;
+  }
+  if (__atomic_load_n(&q->s->drop_tx, __ATOMIC_RELAXED)) {
+    if (rc) return Tx::NotReady;  // the wire eats it; RC notices through its retry timer
+    complete_send(q, op, IBV_WC_SUCCESS);
+    return Tx::Done;
+  }
+  PeerView pv;
+  if (!find_peer(q, &pv)) {
+    if (rc) return Tx::NotReady;
+    complete_send(q, op, IBV_WC_SUCCESS);  // UC: silently lost
+    return Tx::Done;
+  }
+
+  // Remote region of an RDMA WRITE: checked before any receive is consumed.
+  iovec wdst{};
+  if (is_write) {
+    uint64_t a = 0;
+    bool ok = (pv.access & IBV_ACCESS_REMOTE_WRITE) &&
+              check_region(s, op.rkey, op.raddr, op.len, pv.pid, pv.pd, IBV_ACCESS_REMOTE_WRITE, &a);
+    if (!ok) {
+      if (rc) {
+        complete_send(q, op, IBV_WC_REM_ACCESS_ERR);
+        qp_to_error(q);
+      } else {
+        complete_send(q, op, IBV_WC_SUCCESS);  // UC responder drops bad packets silently
+      }
+      return Tx::Done;
+    }
+    wdst.iov_base = reinterpret_cast<void*>(a);
+    wdst.iov_len = op.len;
+    if (op.opcode == IBV_WR_RDMA_WRITE) {
+      if (!copy_to(pv.pid, src, nsrc, &wdst, 1, op.len)) {
+        if (rc) return Tx::NotReady;
+        complete_send(q, op, IBV_WC_SUCCESS);
+        return Tx::Done;
+      }
+      complete_send(q, op, IBV_WC_SUCCESS);
+      return Tx::Done;
+    }
+  }
+
+  // Consumes the peer's next posted receive.
+  RecvEntry e;
+  {
+    Guard g(pv.qp->lock);
+    if (pv.qp->qpn != pv.qpn || pv.qp->head == pv.qp->tail) {
+      if (!rc) {
+        complete_send(q, op, IBV_WC_SUCCESS);  // UC: no receive posted → lost
+        return Tx::Done;
+      }
+      return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
+    }
+    e = pv.qp->ring[pv.qp->head & (kRecvRing - 1)];
+    pv.qp->head++;
+    pv.qp->recv_frames -= std::min(pv.qp->recv_frames, e.frames);
+  }
+
+  ibv_wc rwc{};
+  rwc.wr_id = e.wr_id;
+  rwc.status = IBV_WC_SUCCESS;
+  rwc.opcode = op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  rwc.byte_len = static_cast<uint32_t>(op.len);
+  rwc.qp_num = pv.qpn;
+  rwc.src_qp = q->qp.qp_num;
+  if (op.opcode == IBV_WR_SEND_WITH_IMM || op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    rwc.wc_flags = IBV_WC_WITH_IMM;
+    rwc.imm_data = op.imm;
+  }
+  ibv_wc_status sender_status = IBV_WC_SUCCESS;
+
+  // The receive's SGEs were checked when posted; re-check the keys in case the
+  // region was deregistered since.
+  for (uint32_t i = 0; i < e.num_sge && e.status == IBV_WC_SUCCESS; ++i)
+    if (e.sge[i].length && !mr_of_key(s, e.sge[i].lkey)) e.status = IBV_WC_LOC_PROT_ERR;
+
+  if (e.status != IBV_WC_SUCCESS) {
+    rwc.status = static_cast<ibv_wc_status>(e.status);
+    sender_status = IBV_WC_REM_OP_ERR;
+  } else if (!is_write && op.len > e.total) {
+    rwc.status = IBV_WC_LOC_LEN_ERR;
+    sender_status = IBV_WC_REM_INV_REQ_ERR;
+  } else if (tb && !is_write && frames_of(op.len) != e.frames) {
+    // Apple: send and receive must span the same number of 4 KiB frames. Fail loudly.
+    std::fprintf(stderr,
+                 "tbverbs-emu: frame mismatch on QP 0x%x: send of %llu bytes spans %u frame(s), "
+                 "posted receive spans %u; the receive completes with an error\n",
+                 pv.qpn, static_cast<unsigned long long>(op.len), frames_of(op.len), e.frames);
+    rwc.status = IBV_WC_LOC_LEN_ERR;
+  } else {
+    bool ok;
+    if (is_write) {
+      ok = copy_to(pv.pid, src, nsrc, &wdst, 1, op.len);
+    } else {
+      iovec dst[kMaxSge];
+      unsigned nd = 0;
+      uint64_t left = op.len;
+      for (uint32_t i = 0; i < e.num_sge && left > 0; ++i) {
+        uint64_t n = std::min<uint64_t>(e.sge[i].length, left);
+        if (n == 0) continue;
+        dst[nd].iov_base = reinterpret_cast<void*>(e.sge[i].addr);
+        dst[nd].iov_len = n;
+        ++nd;
+        left -= n;
+      }
+      ok = copy_to(pv.pid, src, nsrc, dst, nd, op.len);
+    }
+    if (!ok) {
+      if (errno == ESRCH) {  // the peer process is gone, with its memory
+        if (rc) return Tx::NotReady;
+        complete_send(q, op, IBV_WC_SUCCESS);
+        return Tx::Done;
+      }
+      rwc.status = IBV_WC_LOC_PROT_ERR;
+      sender_status = IBV_WC_REM_OP_ERR;
+    }
+  }
+  if (rwc.status != IBV_WC_SUCCESS) rwc.byte_len = 0;
+  cq_push(f, pv.recv_cq, rwc, (op.flags & IBV_SEND_SOLICITED) != 0);
+  if (!rc) sender_status = IBV_WC_SUCCESS;  // UC has no responder feedback
+  complete_send(q, op, sender_status);
+  if (sender_status != IBV_WC_SUCCESS) qp_to_error(q);
+  return Tx::Done;
+}
+
+// RNR timer encoding of the IB spec (min_rnr_timer), in nanoseconds.
+int64_t rnr_timer_ns(uint32_t code) {
+  static const uint32_t us_x100[32] = {65536, 1,    2,    3,    4,     6,     8,     12,    16,    24,   32,
+                                       48,    64,   96,   128,  192,   256,   384,   512,   768,   1024, 1536,
+                                       2048,  3072, 4096, 6144, 8192,  12288, 16384, 24576, 32768, 49152};
+  return int64_t(us_x100[code & 31]) * 10000;
+}
+
+// Local ACK timeout 4.096 µs * 2^timeout; 0 ("infinite") is capped so nothing hangs.
+int64_t ack_timeout_ns(uint32_t t) {
+  if (t == 0 || t > 20) t = 14;
+  return int64_t(4096) << t;
+}
+
+void add_pending_qp(EmuQp* q) {
+  std::lock_guard<std::mutex> g(g_pending_mu);
+  if (std::find(g_pending_qps.begin(), g_pending_qps.end(), q) == g_pending_qps.end()) {
+    g_pending_qps.push_back(q);
+    g_pending_count.fetch_add(1);
+  }
+}
+
+// Runs the deferred sends of one QP in order. Caller holds q->mu.
+void progress_locked(EmuQp* q) {
+  while (!q->pending.empty()) {
+    int64_t now = now_ns();
+    if (now < q->pending.front().not_before_ns) break;
+    // Take the op off the queue first: a failure moves the QP to ERR, which
+    // flushes whatever is still queued.
+    SendOp op = std::move(q->pending.front());
+    q->pending.pop_front();
+    q->npending.fetch_sub(1);
+    if (op.first_try_ns == 0) op.first_try_ns = now;
+    Tx r = try_send(q, op);
+    if (r == Tx::Done) {
+      if (q->s->state == IBV_QPS_ERR) break;
+      continue;
+    }
+    int64_t budget;
+    ibv_wc_status fail;
+    if (r == Tx::Rnr) {
+      budget = q->attr.rnr_retry >= 7  // 7 = retry for ever, as the spec says
+                   ? INT64_MAX
+                   : int64_t(q->attr.rnr_retry + 1) *
+                         rnr_timer_ns(q->attr.min_rnr_timer ? q->attr.min_rnr_timer : 12);
+      fail = IBV_WC_RNR_RETRY_EXC_ERR;
+    } else {
+      budget = int64_t(q->attr.retry_cnt + 1) * ack_timeout_ns(q->attr.timeout);
+      fail = IBV_WC_RETRY_EXC_ERR;
+    }
+    if (now - op.first_try_ns < budget) {
+      q->pending.push_front(std::move(op));
+      q->npending.fetch_add(1);
+      break;
+    }
+    complete_send(q, op, fail);
+    qp_to_error(q);
+    break;
+  }
+}
+
+}  // namespace
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+const ShmMr* mr_of_key(Shared* s, uint32_t key) {
+  if (key == 0) return nullptr;
+  const ShmMr* m = &s->mrs[key & (kMaxMrs - 1)];
+  return __atomic_load_n(&m->key, __ATOMIC_ACQUIRE) == key ? m : nullptr;
+}
+
+void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited) {
+  if (cq_slot >= kMaxCqs) return;
+  ShmCq& c = f.shm->cqs[cq_slot];
+  bool wake = false;
+  uint32_t channel = 0;
+  int32_t chpid = 0;
+  {
+    Guard g(c.lock);
+    if (!c.in_use) return;
+    uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
+    if (c.tail - head >= c.capacity) {
+      c.overflow = 1;  // CQ overrun: the completion is lost, as on hardware
+      return;
+    }
+    c.ring[c.tail & (kCqRing - 1)] = wc;
+    __atomic_store_n(&c.tail, c.tail + 1, __ATOMIC_RELEASE);
+    if (c.armed == 1 || (c.armed == 2 && (solicited || wc.status != IBV_WC_SUCCESS))) {
+      c.armed = 0;
+      wake = c.channel != 0;
+      channel = c.channel;
+      chpid = c.channel_pid;
+      ++c.events;
+    }
+  }
+  if (wake) notify_channel(f, chpid, channel, cq_slot);
+}
+
+void qp_to_error(EmuQp* q) {
+  Fabric& f = *q->ctx->fab;
+  __atomic_store_n(&q->s->state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
+  q->attr.qp_state = IBV_QPS_ERR;
+  q->qp.state = IBV_QPS_ERR;
+  // Flush outstanding sends (the caller already took the failed one off the queue).
+  while (!q->pending.empty()) {
+    SendOp op = std::move(q->pending.front());
+    q->pending.pop_front();
+    q->npending.fetch_sub(1);
+    ibv_wc wc{};
+    wc.wr_id = op.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = send_wc_opcode(op.opcode);
+    wc.qp_num = q->qp.qp_num;
+    cq_push(f, q->scq->slot, wc, false);
+  }
+  // Flush posted receives.
+  std::vector<RecvEntry> flushed;
+  {
+    Guard g(q->s->lock);
+    while (q->s->head != q->s->tail) flushed.push_back(q->s->ring[q->s->head++ & (kRecvRing - 1)]);
+    q->s->recv_frames = 0;
+  }
+  for (const auto& e : flushed) {
+    ibv_wc wc{};
+    wc.wr_id = e.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = q->qp.qp_num;
+    cq_push(f, q->rcq->slot, wc, false);
+  }
+}
+
+bool any_pending() { return g_pending_count.load(std::memory_order_relaxed) > 0; }
+
+void progress_all() {
+  std::vector<EmuQp*> qs;
+  {
+    std::lock_guard<std::mutex> g(g_pending_mu);
+    qs = g_pending_qps;
+  }
+  for (EmuQp* q : qs) {
+    std::lock_guard<std::mutex> g(q->mu);
+    progress_locked(q);
+  }
+  std::lock_guard<std::mutex> g(g_pending_mu);
+  for (auto it = g_pending_qps.begin(); it != g_pending_qps.end();) {
+    if ((*it)->npending.load() == 0) {
+      it = g_pending_qps.erase(it);
+      g_pending_count.fetch_sub(1);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void forget_pending(EmuQp* q) {
+  std::lock_guard<std::mutex> g(g_pending_mu);
+  auto it = std::find(g_pending_qps.begin(), g_pending_qps.end(), q);
+  if (it != g_pending_qps.end()) {
+    g_pending_qps.erase(it);
+    g_pending_count.fetch_sub(1);
+  }
+}
+
+int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  Fabric& f = *q->ctx->fab;
+  const bool tb = is_tb(q);
+  const bool rc = q->s->type == IBV_QPT_RC;
+  if (int e = fault_check(f, "ibv_post_send", q->ctx->host)) {
+    if (bad) *bad = wr;
+    return e;
+  }
+  uint32_t delay = fault_delay_us(f, q->ctx->host);
+  std::lock_guard<std::mutex> g(q->mu);
+  if (!q->pending.empty()) progress_locked(q);
+  for (; wr; wr = wr->next) {
+    uint32_t state = q->s->state;
+    if (state != IBV_QPS_RTS && state != IBV_QPS_ERR) {
+      if (bad) *bad = wr;
+      return EINVAL;
+    }
+    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_send_sge) {
+      if (bad) *bad = wr;
+      return EINVAL;
+    }
+    bool supported = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_RDMA_WRITE ||
+                     (!tb && (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) ||
+                     (tb && wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM);
+    if (!supported) {
+      if (bad) *bad = wr;
+      return EINVAL;
+    }
+    SendOp op;
+    op.wr_id = wr->wr_id;
+    op.opcode = wr->opcode;
+    op.flags = wr->send_flags;
+    op.imm = wr->imm_data;
+    op.raddr = wr->wr.rdma.remote_addr;
+    op.rkey = wr->wr.rdma.rkey;
+    op.num_sge = static_cast<uint32_t>(wr->num_sge);
+    op.is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
+    for (uint32_t i = 0; i < op.num_sge; ++i) {
+      op.sge[i] = wr->sg_list[i];
+      op.len += wr->sg_list[i].length;
+    }
+    if (op.is_inline && op.len > q->cap.max_inline_data) {
+      if (bad) *bad = wr;
+      return EINVAL;
+    }
+    if (tb && frames_of(op.len) > q->cap.max_send_wr) {
+      if (bad) *bad = wr;
+      return ENOMEM;  // the send ring is counted in 4 KiB frames
+    }
+    if (state == IBV_QPS_ERR) {
+      complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
+      continue;
+    }
+    uint64_t max_msg = tb ? uint64_t(kTbMaxDepth) * kFrame : (1ull << 31);
+    if (op.len > max_msg) {
+      complete_send(q, op, IBV_WC_LOC_LEN_ERR);
+      qp_to_error(q);
+      continue;
+    }
+    if (!rc && q->pending.empty() && delay == 0) {
+      try_send(q, op);  // UC completes (or loses) immediately
+      continue;
+    }
+    if (q->pending.empty() && delay == 0) {
+      op.first_try_ns = now_ns();
+      if (try_send(q, op) == Tx::Done) continue;
+    }
+    // Deferred: keep the payload of inline sends, whose buffer the caller may reuse.
+    if (q->pending.size() >= q->cap.max_send_wr + 1u) {
+      if (bad) *bad = wr;
+      return ENOMEM;
+    }
+    if (op.is_inline) {
+      op.inline_copy.resize(op.len);
+      size_t off = 0;
+      for (uint32_t i = 0; i < op.num_sge; ++i) {
+        std::memcpy(op.inline_copy.data() + off, reinterpret_cast<void*>(op.sge[i].addr), op.sge[i].length);
+        off += op.sge[i].length;
+      }
+      op.num_sge = 1;
+      op.sge[0].addr = reinterpret_cast<uint64_t>(op.inline_copy.data());
+      op.sge[0].length = static_cast<uint32_t>(op.len);
+    }
+    if (delay) op.not_before_ns = now_ns() + int64_t(delay) * 1000;
+    q->pending.push_back(std::move(op));
+    q->npending.fetch_add(1);
+    add_pending_qp(q);
+  }
+  return 0;
+}
+
+int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  Fabric& f = *q->ctx->fab;
+  Shared* s = f.shm;
+  const bool tb = is_tb(q);
+  if (int e = fault_check(f, "ibv_post_recv", q->ctx->host)) {
+    if (bad) *bad = wr;
+    return e;
+  }
+  for (; wr; wr = wr->next) {
+    uint32_t state = q->s->state;
+    if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
+      if (bad) *bad = wr;
+      return EINVAL;
+    }
+    RecvEntry e{};
+    e.wr_id = wr->wr_id;
+    e.num_sge = static_cast<uint32_t>(wr->num_sge);
+    e.status = IBV_WC_SUCCESS;
+    for (uint32_t i = 0; i < e.num_sge; ++i) {
+      const ibv_sge& g = wr->sg_list[i];
+      e.sge[i] = g;
+      e.total += g.length;
+      if (g.length == 0) continue;
+      uint64_t a = 0;
+      // Translate to the process address now so the sender need not know our MRs' iova.
+      if (!check_region(s, g.lkey, g.addr, g.length, q->s->pid, q->s->pd, IBV_ACCESS_LOCAL_WRITE, &a))
+        e.status = IBV_WC_LOC_PROT_ERR;
+      else
+        e.sge[i].addr = a;
+    }
+    e.frames = tb ? frames_of(e.total) : 1;
+    if (state == IBV_QPS_ERR) {
+      ibv_wc wc{};
+      wc.wr_id = e.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = q->qp.qp_num;
+      cq_push(f, q->rcq->slot, wc, false);
+      continue;
+    }
+    Guard g(q->s->lock);
+    if (q->s->recv_frames + e.frames > q->s->max_recv_wr || q->s->tail - q->s->head >= kRecvRing) {
+      if (bad) *bad = wr;
+      return ENOMEM;  // depth exhausted (Thunderbolt: counted in 4 KiB frames)
+    }
+    q->s->ring[q->s->tail & (kRecvRing - 1)] = e;
+    q->s->recv_frames += e.frames;
+    __atomic_store_n(&q->s->tail, q->s->tail + 1, __ATOMIC_RELEASE);
+  }
+  return 0;
+}
+
+int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
+  auto* c = reinterpret_cast<EmuCq*>(cq);
+  if (__atomic_load_n(&c->fab->shm->nfaults, __ATOMIC_RELAXED))
+    if (int e = fault_check(*c->fab, "ibv_poll_cq", -1)) return -e;
+  if (any_pending()) progress_all();
+  ShmCq& s = *c->s;
+  // Single consumer (the owner): producers serialise among themselves under the
+  // CQ lock and publish `tail` with release; the owner publishes `head` likewise.
+  uint32_t head = s.head;
+  uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);
+  if (ne <= 0 || head == tail) return 0;
+  uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
+  for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
+  __atomic_store_n(&s.head, head + n, __ATOMIC_RELEASE);
+  return static_cast<int>(n);
+}
+
+int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
+  auto* c = reinterpret_cast<EmuCq*>(cq);
+  if (int e = fault_check(*c->fab, "ibv_req_notify_cq", -1)) return e;
+  Guard g(c->s->lock);
+  c->s->armed = solicited_only ? 2 : 1;
+  return 0;
+}
+
+}  // namespace emu

@@ -1,0 +1,476 @@
+// Fabric description (JSON) and the per-fabric shared state file.
+#include "emu.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace emu {
+namespace {
+
+using json = nlohmann::json;
+
+// Used when TBVERBS_EMU_FABRIC is unset: two hosts joined by one Thunderbolt cable,
+// addresses already assigned, so a verbs program "just works" out of the box.
+const char* kDefaultFabric = R"({
+  "profile": "thunderbolt",
+  "hosts": [
+    {"name": "host0", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.99.0.1/30"}]}]},
+    {"name": "host1", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.99.0.2/30"}]}]}
+  ],
+  "cables": [["host0:rdma_en1:1", "host1:rdma_en1:1"]]
+})";
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+Profile parse_profile(const std::string& s) {
+  if (s == "thunderbolt") return Profile::Thunderbolt;
+  if (s == "rdma-core-rc") return Profile::RdmaCoreRc;
+  throw std::runtime_error("unknown profile \"" + s + "\" (expected \"thunderbolt\" or \"rdma-core-rc\")");
+}
+
+// "host:device[:port]" → (host, device, port) names.
+void split_endpoint(const std::string& s, std::string* host, std::string* dev, int* port) {
+  auto a = s.find(':');
+  if (a == std::string::npos) throw std::runtime_error("cable end \"" + s + "\" is not host:device[:port]");
+  auto b = s.find(':', a + 1);
+  *host = s.substr(0, a);
+  *dev = s.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  *port = 1;
+  if (b != std::string::npos) {
+    try {
+      *port = std::stoi(s.substr(b + 1));
+    } catch (...) {
+      throw std::runtime_error("cable end \"" + s + "\": bad port number");
+    }
+  }
+}
+
+std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string& origin) {
+  auto f = std::make_unique<Fabric>();
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(origin + ": not valid JSON: " + e.what());
+  }
+  try {
+    if (!j.is_object()) throw std::runtime_error("top level must be an object");
+    f->profile = parse_profile(j.value("profile", std::string("thunderbolt")));
+    if (!j.contains("hosts") || !j["hosts"].is_array() || j["hosts"].empty())
+      throw std::runtime_error("\"hosts\" must be a non-empty array");
+    for (const auto& jh : j["hosts"]) {
+      HostDef h;
+      h.name = jh.at("name").get<std::string>();
+      if (h.name.empty()) throw std::runtime_error("a host has an empty name");
+      if (f->find_host(h.name) >= 0) throw std::runtime_error("host \"" + h.name + "\" defined twice");
+      Profile hp = jh.contains("profile") ? parse_profile(jh["profile"].get<std::string>()) : f->profile;
+      int hidx = static_cast<int>(f->hosts.size());
+      f->hosts.push_back(h);
+      const json devs = jh.value("devices", json::array());
+      if (!devs.is_array()) throw std::runtime_error("host \"" + h.name + "\": \"devices\" must be an array");
+      for (const auto& jd : devs) {
+        DeviceDef d;
+        d.host = hidx;
+        d.profile = hp;
+        json jports = json::array({json::object({{"port", 1}})});
+        if (jd.is_string()) {
+          d.name = jd.get<std::string>();
+        } else {
+          d.name = jd.at("name").get<std::string>();
+          if (jd.contains("profile")) d.profile = parse_profile(jd["profile"].get<std::string>());
+          if (jd.contains("ports")) jports = jd["ports"];
+        }
+        if (d.name.empty() || d.name.size() >= IBV_SYSFS_NAME_MAX)
+          throw std::runtime_error("host \"" + h.name + "\": bad device name \"" + d.name + "\"");
+        if (f->find_device(hidx, d.name) >= 0)
+          throw std::runtime_error("host \"" + h.name + "\": device \"" + d.name + "\" defined twice");
+        int didx = static_cast<int>(f->devices.size());
+        uint64_t g = fnv1a(h.name + "/" + d.name);
+        d.guid = htobe64(g);
+        f->devices.push_back(d);
+        f->hosts[hidx].devices.push_back(didx);
+        if (!jports.is_array() || jports.empty())
+          throw std::runtime_error(h.name + ":" + d.name + ": \"ports\" must be a non-empty array");
+        int expect = 1;
+        for (const auto& jp : jports) {
+          PortDef p;
+          p.host = hidx;
+          p.device = didx;
+          p.port_num = jp.value("port", expect);
+          if (p.port_num != expect)
+            throw std::runtime_error(h.name + ":" + d.name + ": ports must be numbered 1, 2, ... in order");
+          ++expect;
+          std::string st = jp.value("state", std::string("up"));
+          if (st != "up" && st != "down")
+            throw std::runtime_error(h.name + ":" + d.name + ": port state must be \"up\" or \"down\"");
+          p.initially_up = st == "up";
+          if (jp.contains("ipv4") && !jp["ipv4"].is_null()) {
+            std::string cidr = jp["ipv4"].get<std::string>();
+            if (!parse_cidr(cidr, &p.initial_ip, &p.initial_prefix))
+              throw std::runtime_error(h.name + ":" + d.name + ": bad ipv4 \"" + cidr + "\"");
+            p.initial_has_ip = true;
+          }
+          if (f->ports.size() >= kMaxPorts) throw std::runtime_error("too many ports (limit 64)");
+          f->devices[didx].ports.push_back(static_cast<int>(f->ports.size()));
+          f->ports.push_back(p);
+        }
+      }
+    }
+    for (const auto& jc : j.value("cables", json::array())) {
+      std::string ends[2];
+      if (jc.is_array() && jc.size() == 2) {
+        ends[0] = jc[0].get<std::string>();
+        ends[1] = jc[1].get<std::string>();
+      } else if (jc.is_object()) {
+        ends[0] = jc.at("a").get<std::string>();
+        ends[1] = jc.at("b").get<std::string>();
+      } else {
+        throw std::runtime_error("a cable must be [\"host:dev:port\", \"host:dev:port\"] or {\"a\":..,\"b\":..}");
+      }
+      int pi[2];
+      for (int k = 0; k < 2; ++k) {
+        std::string hn, dn;
+        int pn;
+        split_endpoint(ends[k], &hn, &dn, &pn);
+        int hh = f->find_host(hn);
+        if (hh < 0) throw std::runtime_error("cable end \"" + ends[k] + "\": unknown host \"" + hn + "\"");
+        int dd = f->find_device(hh, dn);
+        if (dd < 0) throw std::runtime_error("cable end \"" + ends[k] + "\": unknown device \"" + dn + "\"");
+        pi[k] = f->find_port(dd, pn);
+        if (pi[k] < 0) throw std::runtime_error("cable end \"" + ends[k] + "\": no such port");
+        if (f->ports[pi[k]].peer >= 0) throw std::runtime_error("port " + ends[k] + " has two cables");
+      }
+      if (pi[0] == pi[1]) throw std::runtime_error("a cable joins port " + ends[0] + " to itself");
+      f->ports[pi[0]].peer = pi[1];
+      f->ports[pi[1]].peer = pi[0];
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(origin + ": " + e.what());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(origin + ": " + e.what());
+  }
+  return f;
+}
+
+std::mutex g_fabrics_mutex;
+std::map<std::string, std::unique_ptr<Fabric>>& fabrics() {
+  static auto* m = new std::map<std::string, std::unique_ptr<Fabric>>();  // never destroyed: handles outlive exit
+  return *m;
+}
+
+std::string default_state_dir(const std::string& key, const std::string& text) {
+  const char* base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(text, fnv1a(key))));
+  return std::string(base) + "/tbverbs-emu-" + std::to_string(getuid()) + "-" + buf;
+}
+
+}  // namespace
+
+const char* profile_name(Profile p) { return p == Profile::Thunderbolt ? "thunderbolt" : "rdma-core-rc"; }
+
+int Fabric::find_host(const std::string& name) const {
+  for (size_t i = 0; i < hosts.size(); ++i)
+    if (hosts[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+int Fabric::find_device(int host, const std::string& name) const {
+  if (host < 0) return -1;
+  for (int d : hosts[host].devices)
+    if (devices[d].name == name) return d;
+  return -1;
+}
+int Fabric::find_port(int device, int port_num) const {
+  if (device < 0) return -1;
+  const auto& ps = devices[device].ports;
+  if (port_num < 1 || port_num > static_cast<int>(ps.size())) return -1;
+  return ps[port_num - 1];
+}
+std::string Fabric::port_label(int port) const {
+  const PortDef& p = ports[port];
+  return hosts[p.host].name + ":" + devices[p.device].name + ":" + std::to_string(p.port_num);
+}
+
+bool parse_cidr(const std::string& s, uint32_t* ip, uint32_t* prefix) {
+  std::string addr = s;
+  *prefix = 24;
+  auto slash = s.find('/');
+  if (slash != std::string::npos) {
+    addr = s.substr(0, slash);
+    std::string p = s.substr(slash + 1);
+    if (p.empty() || p.size() > 2 || p.find_first_not_of("0123456789") != std::string::npos) return false;
+    *prefix = static_cast<uint32_t>(std::stoi(p));
+    if (*prefix > 32) return false;
+  }
+  in_addr a{};
+  if (inet_pton(AF_INET, addr.c_str(), &a) != 1) return false;
+  *ip = ntohl(a.s_addr);
+  return true;
+}
+
+std::string format_ipv4(uint32_t ip) {
+  in_addr a{};
+  a.s_addr = htonl(ip);
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+Fabric& load_fabric(const std::string& path) {
+  std::lock_guard<std::mutex> g(g_fabrics_mutex);
+  std::string key = path;
+  std::string text;
+  if (path.empty()) {
+    text = kDefaultFabric;
+  } else {
+    std::error_code ec;
+    auto canon = std::filesystem::weakly_canonical(path, ec);
+    if (!ec) key = canon.string();
+    auto it = fabrics().find(key);
+    if (it != fabrics().end()) return *it->second;
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read fabric file " + path + ": " + std::strerror(errno));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  auto it = fabrics().find(key);
+  if (it != fabrics().end()) return *it->second;
+  auto f = parse_fabric(text, path.empty() ? std::string("built-in default fabric") : path);
+  f->path = path;
+  const char* sd = std::getenv("TBVERBS_EMU_STATE_DIR");
+  f->state_dir = (sd && *sd) ? std::string(sd) : default_state_dir(key, text);
+  f->shm = open_shared(*f);
+  Fabric& ref = *f;
+  fabrics()[key] = std::move(f);
+  return ref;
+}
+
+Fabric& env_fabric() {
+  const char* p = std::getenv("TBVERBS_EMU_FABRIC");
+  return load_fabric(p ? p : "");
+}
+
+int env_host(const Fabric& f, std::string* error) {
+  const char* h = std::getenv("TBVERBS_EMU_HOST");
+  if (!h || !*h) return 0;
+  int i = f.find_host(h);
+  if (i < 0 && error) {
+    std::string known;
+    for (const auto& x : f.hosts) known += (known.empty() ? "" : ", ") + x.name;
+    *error = std::string("TBVERBS_EMU_HOST=\"") + h + "\" is not a host of the fabric (hosts: " + known + ")";
+  }
+  return i;
+}
+
+// ---------------------------------------------------------------- shared state
+
+void ShmLock::init() {
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&m, &a);
+  pthread_mutexattr_destroy(&a);
+}
+
+void ShmLock::lock() {
+  int r = pthread_mutex_lock(&m);
+  if (r == EOWNERDEAD) pthread_mutex_consistent(&m);  // holder died; state stays usable
+}
+
+static uint64_t layout_id(const Fabric& f) {
+  return sizeof(Shared) ^ (uint64_t(f.ports.size()) << 40) ^ (uint64_t(kRecvRing) << 20) ^ kCqRing;
+}
+
+Shared* open_shared(Fabric& f) {
+  std::error_code ec;
+  std::filesystem::create_directories(f.state_dir, ec);
+  ::chmod(f.state_dir.c_str(), 01777);  // shared by root and unprivileged test users
+  std::string file = f.state_dir + "/state";
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) throw std::runtime_error("cannot open emulator state " + file + ": " + std::strerror(errno));
+  ::fchmod(fd, 0666);
+  // flock serialises the one-time initialisation between racing processes.
+  if (flock(fd, LOCK_EX) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot lock " + file + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  fstat(fd, &st);
+  bool fresh = static_cast<size_t>(st.st_size) != sizeof(Shared);
+  if (!fresh) {
+    // Only the header: Shared itself is hundreds of MiB (sparse).
+    struct {
+      uint64_t magic, layout;
+      uint32_t nports;
+    } probe{};
+    static_assert(offsetof(Shared, magic) == 0 && offsetof(Shared, layout) == 8 && offsetof(Shared, nports) == 16);
+    if (pread(fd, &probe, 20, 0) != 20 || probe.magic != kMagic || probe.layout != layout_id(f) ||
+        probe.nports != f.ports.size())
+      fresh = true;
+  }
+  if (fresh && (ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof(Shared)) != 0)) {
+    int e = errno;
+    flock(fd, LOCK_UN);
+    ::close(fd);
+    throw std::runtime_error("cannot size " + file + ": " + std::strerror(e));
+  }
+  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    flock(fd, LOCK_UN);
+    ::close(fd);
+    throw std::runtime_error("cannot map " + file + ": " + std::strerror(e));
+  }
+  auto* s = static_cast<Shared*>(p);
+  if (fresh) {
+    s->layout = layout_id(f);
+    s->nports = static_cast<uint32_t>(f.ports.size());
+    s->lock.init();
+    s->next_gen = 1;
+    s->next_channel = 1;
+    s->next_pd = 1;
+    for (size_t i = 0; i < f.ports.size(); ++i) {
+      s->ports[i].up = f.ports[i].initially_up;
+      s->ports[i].has_ip = f.ports[i].initial_has_ip;
+      s->ports[i].ip = f.ports[i].initial_ip;
+      s->ports[i].prefix = f.ports[i].initial_prefix;
+    }
+    for (auto& q : s->qps) q.lock.init();
+    for (auto& c : s->cqs) c.lock.init();
+    __atomic_store_n(&s->magic, kMagic, __ATOMIC_RELEASE);
+  }
+  flock(fd, LOCK_UN);
+  ::close(fd);  // the mapping stays valid
+  return s;
+}
+
+void reset_shared(const Fabric& f) {
+  std::error_code ec;
+  std::filesystem::remove_all(f.state_dir, ec);
+}
+
+bool pid_alive(int32_t pid) {
+  if (pid <= 0) return false;
+  return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+void collect_dead(Shared* s) {
+  for (auto& q : s->qps)
+    if (q.in_use && !pid_alive(q.pid)) {
+      Guard g(q.lock);
+      q.in_use = 0;
+      q.state = IBV_QPS_RESET;
+    }
+  for (auto& c : s->cqs)
+    if (c.in_use && !pid_alive(c.pid)) c.in_use = 0;
+  for (auto& m : s->mrs)
+    if (m.key && !pid_alive(m.pid)) m.key = 0;
+}
+
+// ---------------------------------------------------------------- port view
+
+bool port_active(const Fabric& f, int port) {
+  if (port < 0 || port >= static_cast<int>(f.ports.size())) return false;
+  const ShmPort* sp = f.shm->ports;
+  int peer = f.ports[port].peer;
+  return __atomic_load_n(&sp[port].up, __ATOMIC_ACQUIRE) && peer >= 0 &&
+         __atomic_load_n(&sp[peer].up, __ATOMIC_ACQUIRE);
+}
+
+uint32_t gid_table_len(const Fabric& f, int port) {
+  return f.devices[f.ports[port].device].profile == Profile::Thunderbolt ? 1024 : 16;
+}
+
+bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
+  std::memset(out, 0, sizeof *out);
+  if (index == 0) {
+    // Link-local entry derived from the device GUID, present whatever the address state.
+    out->raw[0] = 0xfe;
+    out->raw[1] = 0x80;
+    uint64_t iid = be64toh(f.devices[f.ports[port].device].guid) ^ uint64_t(f.ports[port].port_num);
+    iid = htobe64(iid);
+    std::memcpy(out->raw + 8, &iid, 8);
+    return true;
+  }
+  if (index == 1) {
+    // Read the address once so the entry is consistent while another process changes it.
+    ShmPort sp;
+    std::memcpy(&sp, &f.shm->ports[port], sizeof sp);
+    if (!sp.has_ip) return false;
+    out->raw[10] = 0xff;
+    out->raw[11] = 0xff;
+    uint32_t be = htonl(sp.ip);
+    std::memcpy(out->raw + 12, &be, 4);
+    return true;
+  }
+  return false;
+}
+
+int port_of_gid(const Fabric& f, const ibv_gid& gid) {
+  for (size_t p = 0; p < f.ports.size(); ++p)
+    for (uint32_t i = 0; i < 2; ++i) {
+      ibv_gid g;
+      if (gid_at(f, static_cast<int>(p), i, &g) && std::memcmp(&g, &gid, sizeof g) == 0) return static_cast<int>(p);
+    }
+  return -1;
+}
+
+// ---------------------------------------------------------------- faults
+
+int fault_check(Fabric& f, const char* verb, int host) {
+  Shared* s = f.shm;
+  if (__atomic_load_n(&s->nfaults, __ATOMIC_ACQUIRE) == 0) return 0;  // hot path: no faults armed
+  Guard g(s->lock);
+  for (auto& ft : s->faults) {
+    if (ft.kind != kFaultFailCall || std::strcmp(ft.verb, verb) != 0) continue;
+    if (ft.host >= 0 && ft.host != host) continue;
+    ++ft.seen;
+    if (ft.seen >= ft.nth && (ft.count == 0 || ft.failed < ft.count)) {
+      ++ft.failed;
+      return ft.err;
+    }
+  }
+  return 0;
+}
+
+uint32_t fault_delay_us(Fabric& f, int host) {
+  Shared* s = f.shm;
+  if (__atomic_load_n(&s->nfaults, __ATOMIC_ACQUIRE) == 0) return 0;
+  Guard g(s->lock);
+  uint32_t d = 0;
+  for (auto& ft : s->faults)
+    if (ft.kind == kFaultDelay && (ft.host < 0 || ft.host == host) && ft.delay_us > d) d = ft.delay_us;
+  return d;
+}
+
+std::string channel_path(const Fabric& f, int32_t pid, uint32_t id) {
+  return f.state_dir + "/chan-" + std::to_string(pid) + "-" + std::to_string(id);
+}
+
+}  // namespace emu

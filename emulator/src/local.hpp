@@ -1,0 +1,101 @@
+// Process-local objects behind the verbs handles the emulator hands out.
+#pragma once
+
+#include "emu.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+struct EmuDevice {
+  ibv_device dev;  // first: the handle is a pointer to it
+  Fabric* fab;
+  int index;       // global device index
+};
+
+struct EmuContext {
+  verbs_context v;  // first; ibv_context lives at its end, as rdma-core requires
+  Fabric* fab;
+  int dev;
+  int host;
+};
+
+struct EmuPd {
+  ibv_pd pd;
+  uint32_t id;
+};
+
+struct EmuMr {
+  ibv_mr mr;
+  uint32_t slot;
+};
+
+struct EmuChannel {
+  ibv_comp_channel ch;
+  Fabric* fab;
+  uint32_t id;
+  std::string path;
+};
+
+struct EmuCq {
+  ibv_cq cq;
+  Fabric* fab;
+  uint32_t slot;
+  ShmCq* s;
+};
+
+// A send work request that could not complete when posted (RC waiting for a
+// receive or for the peer, or a delivery delay). Only the slow path allocates.
+struct SendOp {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
+  uint32_t imm = 0;
+  uint64_t raddr = 0;
+  uint32_t rkey = 0;
+  uint32_t num_sge = 0;
+  ibv_sge sge[kMaxSge]{};
+  bool is_inline = false;
+  std::vector<char> inline_copy;  // inline payload captured when the op is deferred
+  uint64_t len = 0;
+  int64_t first_try_ns = 0;
+  int64_t not_before_ns = 0;
+};
+
+struct EmuQp {
+  ibv_qp qp;
+  EmuContext* ctx;
+  uint32_t slot;
+  ShmQp* s;
+  EmuCq* scq;
+  EmuCq* rcq;
+  ibv_qp_cap cap;
+  bool sq_sig_all;
+  ibv_qp_attr attr;       // last attributes set, for ibv_query_qp
+  std::mutex mu;          // guards `pending`
+  std::deque<SendOp> pending;
+  std::atomic<uint32_t> npending{0};
+};
+
+int64_t now_ns();
+
+// Data path (datapath.cpp).
+int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc);
+int emu_req_notify_cq(ibv_cq* cq, int solicited_only);
+void progress_all();
+bool any_pending();
+void forget_pending(EmuQp* q);
+// Moves a QP to ERR: flushes pending sends and posted receives as WR_FLUSH_ERR.
+void qp_to_error(EmuQp* q);
+void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited);
+// Resolves an lkey/rkey to a live region. Returns nullptr when the key is stale.
+const ShmMr* mr_of_key(Shared* s, uint32_t key);
+
+}  // namespace emu

@@ -1,0 +1,1079 @@
+// The exported verbs control path: devices, contexts, PDs, MRs, CQs, channels, QPs.
+//
+// Every function here is exported with rdma-core's symbol version (see
+// libibverbs.map) so unmodified verbs programs bind to it through LD_LIBRARY_PATH.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "local.hpp"
+
+// verbs.h turns these names into macros or inline wrappers; we define the real symbols.
+#undef ibv_query_port
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+#define EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace emu;
+
+namespace {
+
+std::mutex g_mu;                                         // control-path objects
+std::map<std::pair<Fabric*, int>, EmuDevice*> g_devices;  // live for the process
+std::map<std::pair<Fabric*, uint32_t>, EmuCq*> g_cqs;     // for ibv_get_cq_event
+
+EmuContext* ectx(ibv_context* c) { return reinterpret_cast<EmuContext*>(verbs_get_ctx(c)); }
+
+void report(const std::string& msg) { std::fprintf(stderr, "tbverbs-emu: %s\n", msg.c_str()); }
+
+bool is_tb(const EmuContext* c) { return c->fab->devices[c->dev].profile == Profile::Thunderbolt; }
+
+// Port number (1-based) of a context → global port index, or -1.
+int gport(const EmuContext* c, uint8_t port_num) { return c->fab->find_port(c->dev, port_num); }
+
+// Returns the errno if a "fail the Nth call" fault matches, else 0.
+int faulted(const EmuContext* c, const char* verb) { return fault_check(*c->fab, verb, c ? c->host : -1); }
+
+void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
+  const Fabric& f = *c->fab;
+  bool tb = is_tb(c);
+  std::memset(a, 0, sizeof *a);
+  bool active = port_active(f, gp);
+  a->state = active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+  a->max_mtu = IBV_MTU_4096;
+  a->active_mtu = IBV_MTU_1024;
+  a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
+  a->port_cap_flags = 0;
+  a->max_msg_sz = tb ? kTbMaxDepth * kFrame : (1u << 31);
+  a->pkey_tbl_len = 1;
+  a->lid = 0;
+  a->max_vl_num = 1;
+  a->active_width = 2;   // 4X
+  a->active_speed = 32;  // EDR-class lane speed; only informational
+  a->phys_state = active ? 5 : 3;  // LinkUp / Disabled
+  a->link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+int query_port_op(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len) {
+  EmuContext* c = ectx(ctx);
+  if (!c || !attr) return EINVAL;
+  if (int e = faulted(c, "ibv_query_port")) return e;
+  int gp = gport(c, port);
+  if (gp < 0) return EINVAL;
+  ibv_port_attr full;
+  fill_port_attr(c, gp, &full);
+  std::memset(attr, 0, len);
+  std::memcpy(attr, &full, std::min(len, sizeof full));
+  return 0;
+}
+
+// Allocates a shared-memory slot under the fabric lock. Returns index or -1.
+template <typename Slot, size_t N, typename Pred>
+int find_free(Slot (&slots)[N], Pred used) {
+  for (size_t i = 0; i < N; ++i)
+    if (!used(slots[i])) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- devices
+
+EMU_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
+  if (num_devices) *num_devices = 0;
+  Fabric* f;
+  try {
+    f = &env_fabric();
+  } catch (const std::exception& e) {
+    report(e.what());
+    errno = EINVAL;
+    return nullptr;
+  }
+  std::string err;
+  int host = env_host(*f, &err);
+  if (host < 0) {
+    report(err);
+    errno = ENODEV;
+    return nullptr;
+  }
+  if (int e = fault_check(*f, "ibv_get_device_list", host)) {
+    errno = e;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  const auto& devs = f->hosts[host].devices;
+  auto** list = static_cast<ibv_device**>(std::calloc(devs.size() + 1, sizeof(ibv_device*)));
+  if (!list) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  for (size_t i = 0; i < devs.size(); ++i) {
+    auto key = std::make_pair(f, devs[i]);
+    EmuDevice*& d = g_devices[key];
+    if (!d) {
+      d = new EmuDevice{};
+      d->fab = f;
+      d->index = devs[i];
+      const DeviceDef& dd = f->devices[devs[i]];
+      d->dev.node_type = IBV_NODE_CA;
+      // Apple's driver reports transport "Thunderbolt (100)"; the RC profile looks like InfiniBand verbs.
+      d->dev.transport_type =
+          dd.profile == Profile::Thunderbolt ? static_cast<ibv_transport_type>(100) : IBV_TRANSPORT_IB;
+      std::snprintf(d->dev.name, sizeof d->dev.name, "%s", dd.name.c_str());
+      std::snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", devs[i]);
+      std::snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", devs[i]);
+      std::snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", dd.name.c_str());
+    }
+    list[i] = &d->dev;
+  }
+  if (num_devices) *num_devices = static_cast<int>(devs.size());
+  return list;
+}
+
+EMU_EXPORT void ibv_free_device_list(ibv_device** list) { std::free(list); }  // devices themselves stay
+
+EMU_EXPORT const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
+
+EMU_EXPORT __be64 ibv_get_device_guid(ibv_device* device) {
+  auto* d = reinterpret_cast<EmuDevice*>(device);
+  return d ? d->fab->devices[d->index].guid : 0;
+}
+
+EMU_EXPORT int ibv_get_device_index(ibv_device* device) {
+  auto* d = reinterpret_cast<EmuDevice*>(device);
+  return d ? d->index : -1;
+}
+
+EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
+  auto* d = reinterpret_cast<EmuDevice*>(device);
+  if (!d) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  int host = d->fab->devices[d->index].host;
+  if (int e = fault_check(*d->fab, "ibv_open_device", host)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* c = new (std::nothrow) EmuContext{};
+  if (!c) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  c->fab = d->fab;
+  c->dev = d->index;
+  c->host = host;
+  verbs_context& v = c->v;
+  v.sz = sizeof(verbs_context);
+  v.query_port = query_port_op;
+  ibv_context& ctx = v.context;
+  ctx.device = device;
+  ctx.cmd_fd = -1;
+  // No asynchronous events are generated, but programs poll this fd, so make it real.
+  ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  ctx.ops.post_send = emu_post_send;
+  ctx.ops.post_recv = emu_post_recv;
+  ctx.ops.poll_cq = emu_poll_cq;
+  ctx.ops.req_notify_cq = emu_req_notify_cq;
+  return &ctx;
+}
+
+EMU_EXPORT int ibv_close_device(ibv_context* context) {
+  EmuContext* c = ectx(context);
+  if (!c) return EINVAL;
+  if (c->v.context.async_fd >= 0) ::close(c->v.context.async_fd);
+  pthread_mutex_destroy(&c->v.context.mutex);
+  delete c;
+  return 0;
+}
+
+EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
+  EmuContext* c = ectx(context);
+  if (!c || !a) return EINVAL;
+  if (int e = faulted(c, "ibv_query_device")) return e;
+  bool tb = is_tb(c);
+  const DeviceDef& d = c->fab->devices[c->dev];
+  std::memset(a, 0, sizeof *a);
+  std::snprintf(a->fw_ver, sizeof a->fw_ver, "tbverbs-emu 1.0 (%s)", profile_name(d.profile));
+  a->node_guid = d.guid;
+  a->sys_image_guid = d.guid;
+  a->max_mr_size = 1ull << 40;
+  a->page_size_cap = 4096;
+  a->vendor_id = tb ? 0x05ac : 0x02c9;  // Apple / Mellanox PCI vendor ids, informational
+  a->vendor_part_id = 0xe111;
+  a->hw_ver = 1;
+  a->max_qp = tb ? static_cast<int>(kTbMaxQpsPerDevice) : static_cast<int>(kMaxQps);
+  a->max_qp_wr = static_cast<int>(tb ? kTbMaxDepth : kRcMaxDepth);
+  a->device_cap_flags = tb ? 0 : IBV_DEVICE_RC_RNR_NAK_GEN;
+  a->max_sge = kMaxSge;
+  a->max_cq = kMaxCqs;
+  a->max_cqe = kCqRing - 1;
+  a->max_mr = tb ? 100 : static_cast<int>(kMaxMrs);
+  a->max_pd = 1024;
+  a->max_qp_rd_atom = 0;
+  a->max_qp_init_rd_atom = 0;
+  a->atomic_cap = IBV_ATOMIC_NONE;
+  a->max_pkeys = 1;
+  a->local_ca_ack_delay = 16;
+  a->phys_port_cnt = static_cast<uint8_t>(d.ports.size());
+  return 0;
+}
+
+// verbs.h declares the exported symbol with the compat struct, whose layout is the
+// start of ibv_port_attr; callers reaching it through ___ibv_query_port pass a full one.
+EMU_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num, _compat_ibv_port_attr* attr) {
+  return query_port_op(context, port_num, reinterpret_cast<ibv_port_attr*>(attr),
+                       offsetof(ibv_port_attr, port_cap_flags2));
+}
+
+EMU_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
+  EmuContext* c = ectx(context);
+  if (!c || !gid) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (int e = faulted(c, "ibv_query_gid")) {
+    errno = e;
+    return -1;
+  }
+  int gp = gport(c, port_num);
+  if (gp < 0 || index < 0 || static_cast<uint32_t>(index) >= gid_table_len(*c->fab, gp)) {
+    errno = EINVAL;
+    return -1;
+  }
+  gid_at(*c->fab, gp, static_cast<uint32_t>(index), gid);  // empty entries read as zero
+  return 0;
+}
+
+// rdma-core's private helper used by ibv_devinfo: 0 = IB/RoCE v1, 1 = RoCE v2.
+EMU_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type) {
+  EmuContext* c = ectx(context);
+  int gp = c ? gport(c, port_num) : -1;
+  if (gp < 0 || !type || index >= gid_table_len(*c->fab, gp)) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;
+  return 0;
+}
+
+EMU_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
+                                 uint32_t flags, size_t entry_size) {
+  EmuContext* c = ectx(context);
+  if (!c || !entry || flags || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  int gp = port_num <= 255 ? gport(c, static_cast<uint8_t>(port_num)) : -1;
+  if (gp < 0 || gid_index >= gid_table_len(*c->fab, gp)) return EINVAL;
+  std::memset(entry, 0, sizeof *entry);
+  if (!gid_at(*c->fab, gp, gid_index, &entry->gid)) return ENODATA;
+  entry->gid_index = gid_index;
+  entry->port_num = port_num;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  return 0;
+}
+
+EMU_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries,
+                                        uint32_t flags, size_t entry_size) {
+  EmuContext* c = ectx(context);
+  if (!c || flags || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  size_t n = 0;
+  const auto& ports = c->fab->devices[c->dev].ports;
+  for (size_t p = 0; p < ports.size(); ++p)
+    for (uint32_t i = 0; i < gid_table_len(*c->fab, ports[p]); ++i) {
+      ibv_gid g;
+      if (!gid_at(*c->fab, ports[p], i, &g)) continue;
+      if (n == max_entries) return -EINVAL;
+      ibv_gid_entry* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + n * entry_size);
+      std::memset(e, 0, sizeof *e);
+      e->gid = g;
+      e->gid_index = i;
+      e->port_num = static_cast<uint32_t>(p + 1);
+      e->gid_type = IBV_GID_TYPE_ROCE_V2;
+      ++n;
+    }
+  return static_cast<ssize_t>(n);
+}
+
+EMU_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, __be16* pkey) {
+  EmuContext* c = ectx(context);
+  if (!c || !pkey || gport(c, port_num) < 0 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+EMU_EXPORT int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
+  EmuContext* c = ectx(context);
+  if (!c || gport(c, port_num) < 0 || be16toh(pkey) != 0xffff) return -1;
+  return 0;
+}
+
+// ---------------------------------------------------------------- PD / MR
+
+EMU_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  EmuContext* c = ectx(context);
+  if (!c) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (int e = faulted(c, "ibv_alloc_pd")) {
+    errno = e;
+    return nullptr;
+  }
+  // Apple's driver: a device whose port is down cannot allocate a PD.
+  if (is_tb(c) && !port_active(*c->fab, gport(c, 1))) {
+    errno = ENETDOWN;
+    return nullptr;
+  }
+  auto* p = new (std::nothrow) EmuPd{};
+  if (!p) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    p->id = s->next_pd++;
+  }
+  p->pd.context = context;
+  p->pd.handle = p->id;
+  return &p->pd;
+}
+
+EMU_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!pd) return EINVAL;
+  if (int e = faulted(ectx(pd->context), "ibv_dealloc_pd")) return e;
+  delete reinterpret_cast<EmuPd*>(pd);
+  return 0;
+}
+
+EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  if (!pd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  EmuContext* c = ectx(pd->context);
+  if (int e = faulted(c, "ibv_reg_mr")) {
+    errno = e;
+    return nullptr;
+  }
+  // Remote write/atomic need local write, as in rdma-core.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (!addr && length) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* m = new (std::nothrow) EmuMr{};
+  if (!m) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    int slot = find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
+    if (slot < 0) {
+      collect_dead(s);
+      slot = find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
+    }
+    if (slot < 0) {
+      delete m;
+      errno = ENOMEM;
+      return nullptr;
+    }
+    ShmMr& x = s->mrs[slot];
+    x.pid = getpid();
+    x.pd = reinterpret_cast<EmuPd*>(pd)->id;
+    x.access = access;
+    x.device = static_cast<uint32_t>(c->dev);
+    x.addr = reinterpret_cast<uint64_t>(addr);
+    x.iova = iova;
+    x.length = length;
+    uint32_t gen = (s->next_gen++ & 0xfffff) | 1;
+    __atomic_store_n(&x.key, (gen << 12) | static_cast<uint32_t>(slot), __ATOMIC_RELEASE);
+    m->slot = static_cast<uint32_t>(slot);
+    m->mr.lkey = m->mr.rkey = x.key;
+  }
+  m->mr.context = pd->context;
+  m->mr.pd = pd;
+  m->mr.addr = addr;
+  m->mr.length = length;
+  m->mr.handle = m->slot;
+  return &m->mr;
+}
+
+EMU_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uint64_t>(addr), static_cast<unsigned>(access));
+}
+
+EMU_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr) return EINVAL;
+  EmuContext* c = ectx(mr->context);
+  if (int e = faulted(c, "ibv_dereg_mr")) return e;
+  auto* m = reinterpret_cast<EmuMr*>(mr);
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    if (s->mrs[m->slot].key == mr->lkey) __atomic_store_n(&s->mrs[m->slot].key, 0u, __ATOMIC_RELEASE);
+  }
+  delete m;
+  return 0;
+}
+
+// ---------------------------------------------------------------- completion channels and CQs
+
+EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  EmuContext* c = ectx(context);
+  if (!c) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (int e = faulted(c, "ibv_create_comp_channel")) {
+    errno = e;
+    return nullptr;
+  }
+  auto* ch = new (std::nothrow) EmuChannel{};
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    ch->id = s->next_channel++;
+  }
+  ch->fab = c->fab;
+  ch->path = channel_path(*c->fab, getpid(), ch->id);
+  ::unlink(ch->path.c_str());
+  // A FIFO, so a sender in another process can wake us by name. Opened read-write
+  // so the open never blocks and the fd never sees EOF.
+  if (mkfifo(ch->path.c_str(), 0666) != 0) {
+    int e = errno;
+    delete ch;
+    errno = e;
+    return nullptr;
+  }
+  ::chmod(ch->path.c_str(), 0666);
+  int fd = ::open(ch->path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    ::unlink(ch->path.c_str());
+    delete ch;
+    errno = e;
+    return nullptr;
+  }
+  ch->ch.context = context;
+  ch->ch.fd = fd;
+  ch->ch.refcnt = 0;
+  return &ch->ch;
+}
+
+EMU_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (!channel) return EINVAL;
+  auto* ch = reinterpret_cast<EmuChannel*>(channel);
+  if (channel->refcnt > 0) return EBUSY;
+  ::close(channel->fd);
+  ::unlink(ch->path.c_str());
+  delete ch;
+  return 0;
+}
+
+EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                                 int comp_vector) {
+  EmuContext* c = ectx(context);
+  if (!c) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (int e = faulted(c, "ibv_create_cq")) {
+    errno = e;
+    return nullptr;
+  }
+  if (cqe < 1 || cqe > static_cast<int>(kCqRing - 1) || comp_vector < 0 || comp_vector >= 1) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* q = new (std::nothrow) EmuCq{};
+  if (!q) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    int slot = find_free(s->cqs, [](const ShmCq& x) { return x.in_use != 0; });
+    if (slot < 0) {
+      collect_dead(s);
+      slot = find_free(s->cqs, [](const ShmCq& x) { return x.in_use != 0; });
+    }
+    if (slot < 0) {
+      delete q;
+      errno = ENOMEM;
+      return nullptr;
+    }
+    ShmCq& x = s->cqs[slot];
+    Guard g2(x.lock);
+    x.pid = getpid();
+    x.capacity = static_cast<uint32_t>(cqe);
+    x.head = x.tail = 0;
+    x.armed = 0;
+    x.overflow = 0;
+    x.events = 0;
+    x.channel = channel ? reinterpret_cast<EmuChannel*>(channel)->id : 0;
+    x.channel_pid = getpid();
+    __atomic_store_n(&x.in_use, 1u, __ATOMIC_RELEASE);
+    q->slot = static_cast<uint32_t>(slot);
+    q->s = &x;
+  }
+  q->fab = c->fab;
+  q->cq.context = context;
+  q->cq.channel = channel;
+  q->cq.cq_context = cq_context;
+  q->cq.handle = q->slot;
+  q->cq.cqe = cqe;
+  pthread_mutex_init(&q->cq.mutex, nullptr);
+  pthread_cond_init(&q->cq.cond, nullptr);
+  if (channel) ++channel->refcnt;
+  std::lock_guard<std::mutex> g(g_mu);
+  g_cqs[{c->fab, q->slot}] = q;
+  return &q->cq;
+}
+
+EMU_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
+  if (!cq) return EINVAL;
+  auto* q = reinterpret_cast<EmuCq*>(cq);
+  if (int e = faulted(ectx(cq->context), "ibv_destroy_cq")) return e;
+  {
+    Guard g(q->s->lock);
+    __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
+  }
+  if (cq->channel) --cq->channel->refcnt;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_cqs.erase({q->fab, q->slot});
+  }
+  pthread_mutex_destroy(&cq->mutex);
+  pthread_cond_destroy(&cq->cond);
+  delete q;
+  return 0;
+}
+
+EMU_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  if (!channel || !cq || !cq_context) {
+    errno = EINVAL;
+    return -1;
+  }
+  auto* ch = reinterpret_cast<EmuChannel*>(channel);
+  bool user_nonblock = (fcntl(channel->fd, F_GETFL) & O_NONBLOCK) != 0;
+  for (;;) {
+    if (any_pending()) progress_all();  // deferred RC sends may complete our own CQs
+    pollfd p{channel->fd, POLLIN, 0};
+    int timeout = any_pending() ? 1 : (user_nonblock ? 0 : -1);
+    int r = ::poll(&p, 1, timeout);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) {
+      if (user_nonblock && !any_pending()) {
+        errno = EAGAIN;
+        return -1;
+      }
+      continue;
+    }
+    uint32_t slot = 0;
+    ssize_t n = ::read(channel->fd, &slot, sizeof slot);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n != static_cast<ssize_t>(sizeof slot)) {
+      errno = EIO;
+      return -1;
+    }
+    std::lock_guard<std::mutex> g(g_mu);
+    auto it = g_cqs.find({ch->fab, slot});
+    if (it == g_cqs.end() || it->second->cq.channel != channel) continue;  // CQ destroyed since
+    *cq = &it->second->cq;
+    *cq_context = it->second->cq.cq_context;
+    return 0;
+  }
+}
+
+EMU_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  if (!cq) return;
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+EMU_EXPORT int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+
+// ---------------------------------------------------------------- QPs
+
+EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
+  if (!pd || !init) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  EmuContext* c = ectx(pd->context);
+  if (int e = faulted(c, "ibv_create_qp")) {
+    errno = e;
+    return nullptr;
+  }
+  const bool tb = is_tb(c);
+  if (init->srq) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (tb ? init->qp_type != IBV_QPT_UC : (init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_RC)) {
+    errno = EOPNOTSUPP;  // Thunderbolt: UC only; the RC profile does not model UD
+    return nullptr;
+  }
+  if (!init->send_cq || !init->recv_cq || init->send_cq->context != pd->context ||
+      init->recv_cq->context != pd->context) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_qp_cap cap = init->cap;
+  if (cap.max_send_sge > kMaxSge || cap.max_recv_sge > kMaxSge) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (tb) {
+    // Depths are 4 KiB frames and the driver lowers what it cannot grant.
+    cap.max_send_wr = std::min(cap.max_send_wr, kTbMaxDepth);
+    cap.max_recv_wr = std::min(cap.max_recv_wr, kTbMaxDepth);
+    cap.max_inline_data = 0;
+  } else {
+    if (cap.max_send_wr > kRcMaxDepth || cap.max_recv_wr > kRcMaxDepth || cap.max_inline_data > kMaxInlineRc) {
+      errno = EINVAL;
+      return nullptr;
+    }
+  }
+  if (cap.max_send_sge == 0) cap.max_send_sge = 1;
+  if (cap.max_recv_sge == 0) cap.max_recv_sge = 1;
+
+  auto* q = new (std::nothrow) EmuQp{};
+  if (!q) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Shared* s = c->fab->shm;
+  {
+    Guard g(s->lock);
+    collect_dead(s);  // a dead process's QPs no longer count (the kernel would free them)
+    if (tb) {
+      uint32_t used = 0;
+      for (const auto& x : s->qps)
+        if (x.in_use && x.device == static_cast<uint32_t>(c->dev)) ++used;
+      if (used >= kTbMaxQpsPerDevice) {
+        delete q;
+        errno = EBUSY;
+        return nullptr;
+      }
+    }
+    int slot = find_free(s->qps, [](const ShmQp& x) { return x.in_use != 0; });
+    if (slot < 0) {
+      delete q;
+      errno = ENOMEM;
+      return nullptr;
+    }
+    ShmQp& x = s->qps[slot];
+    Guard g2(x.lock);
+    uint32_t gen = (s->next_gen++ & 0xffff) | 1;
+    x.pid = getpid();
+    x.qpn = (gen << 8) | static_cast<uint32_t>(slot);
+    x.type = init->qp_type;
+    x.state = IBV_QPS_RESET;
+    x.device = static_cast<uint32_t>(c->dev);
+    x.port = static_cast<uint32_t>(gport(c, 1));
+    x.pd = reinterpret_cast<EmuPd*>(pd)->id;
+    x.dest_qpn = 0;
+    x.peer_port = -1;
+    x.access = 0;
+    x.recv_cq = reinterpret_cast<EmuCq*>(init->recv_cq)->slot;
+    x.min_rnr_timer = 0;
+    x.drop_tx = 0;
+    x.max_recv_wr = cap.max_recv_wr;
+    x.recv_frames = 0;
+    x.head = x.tail = 0;
+    // "Drop the next QP created on host X" faults bind here.
+    for (auto& ft : s->faults)
+      if (ft.kind == kFaultDropNext && (ft.host < 0 || ft.host == c->host)) {
+        x.drop_tx = 1;
+        ft.kind = kFaultNone;
+        --s->nfaults;
+        break;
+      }
+    __atomic_store_n(&x.in_use, 1u, __ATOMIC_RELEASE);
+    q->slot = static_cast<uint32_t>(slot);
+    q->s = &x;
+  }
+  q->ctx = c;
+  q->scq = reinterpret_cast<EmuCq*>(init->send_cq);
+  q->rcq = reinterpret_cast<EmuCq*>(init->recv_cq);
+  q->cap = cap;
+  q->sq_sig_all = init->sq_sig_all != 0;
+  q->attr.qp_state = IBV_QPS_RESET;
+  q->attr.cap = cap;
+  q->qp.context = pd->context;
+  q->qp.qp_context = init->qp_context;
+  q->qp.pd = pd;
+  q->qp.send_cq = init->send_cq;
+  q->qp.recv_cq = init->recv_cq;
+  q->qp.handle = q->slot;
+  q->qp.qp_num = q->s->qpn;
+  q->qp.state = IBV_QPS_RESET;
+  q->qp.qp_type = init->qp_type;
+  pthread_mutex_init(&q->qp.mutex, nullptr);
+  pthread_cond_init(&q->qp.cond, nullptr);
+  init->cap = cap;  // report what was granted, as drivers do
+  return &q->qp;
+}
+
+EMU_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp) return EINVAL;
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  if (int e = faulted(q->ctx, "ibv_destroy_qp")) return e;
+  forget_pending(q);
+  {
+    std::lock_guard<std::mutex> g0(q->mu);
+    Guard g(q->s->lock);
+    __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
+    q->s->state = IBV_QPS_RESET;
+    q->s->head = q->s->tail = 0;
+  }
+  pthread_mutex_destroy(&qp->mutex);
+  pthread_cond_destroy(&qp->cond);
+  delete q;
+  return 0;
+}
+
+namespace {
+
+bool gid_is_zero(const ibv_gid& g) {
+  for (uint8_t b : g.raw)
+    if (b) return false;
+  return true;
+}
+bool gid_is_v4mapped(const ibv_gid& g) {
+  for (int i = 0; i < 10; ++i)
+    if (g.raw[i]) return false;
+  return g.raw[10] == 0xff && g.raw[11] == 0xff;
+}
+
+// RTR address checks. Returns 0 and sets *peer_port, or the errno the field saw.
+int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port) {
+  const Fabric& f = *q->ctx->fab;
+  const bool tb = is_tb(q->ctx);
+  int myport = static_cast<int>(q->s->port);
+  const ibv_ah_attr& ah = a->ah_attr;
+  if (!ah.is_global || gid_is_zero(ah.grh.dgid)) return EINVAL;  // uninitialised GID / no GRH
+  if (ah.grh.sgid_index >= gid_table_len(f, myport)) return EINVAL;
+  ibv_gid sgid;
+  bool have = gid_at(f, myport, ah.grh.sgid_index, &sgid);
+  if (tb) {
+    if (!have || !gid_is_v4mapped(sgid)) return ENODATA;
+    int other = f.ports[myport].peer;
+    ibv_gid pg;
+    if (!port_active(f, myport) || other < 0 || !gid_is_v4mapped(ah.grh.dgid) || !gid_at(f, other, 1, &pg) ||
+        std::memcmp(&pg, &ah.grh.dgid, sizeof pg) != 0)
+      return ETIMEDOUT;  // not reachable over this cable
+    *peer_port = other;
+    return 0;
+  }
+  if (!have) return EINVAL;
+  // RoCE: RTR succeeds whatever the destination; an unreachable one shows up as
+  // RETRY_EXC_ERR (RC) or silent loss (UC) when sending.
+  int p = port_of_gid(f, ah.grh.dgid);
+  *peer_port = (p >= 0 && (p == f.ports[myport].peer || p == myport)) ? p : -1;
+  return 0;
+}
+
+}  // namespace
+
+EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if (!qp || !attr) return EINVAL;
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  if (int e = faulted(q->ctx, "ibv_modify_qp")) return e;
+  std::lock_guard<std::mutex> g0(q->mu);
+  ShmQp* s = q->s;
+  uint32_t cur = s->state;
+  uint32_t next = (mask & IBV_QP_STATE) ? static_cast<uint32_t>(attr->qp_state) : cur;
+  const bool rc = s->type == IBV_QPT_RC;
+  auto need = [&](int bits) { return (mask & bits) == bits; };
+
+  if (next == IBV_QPS_RESET) {
+    forget_pending(q);
+    q->pending.clear();
+    q->npending = 0;
+    Guard g(s->lock);
+    s->state = IBV_QPS_RESET;
+    s->head = s->tail = 0;
+    s->recv_frames = 0;
+    s->peer_port = -1;
+    q->attr.qp_state = IBV_QPS_RESET;
+    qp->state = IBV_QPS_RESET;
+    return 0;
+  }
+  if (next == IBV_QPS_ERR) {
+    qp_to_error(q);
+    return 0;
+  }
+  if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT) {
+    if (!need(IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS)) return EINVAL;
+    int gp = gport(q->ctx, attr->port_num);
+    if (gp < 0 || attr->pkey_index != 0) return EINVAL;
+    s->port = static_cast<uint32_t>(gp);
+    s->access = attr->qp_access_flags;
+    q->attr.port_num = attr->port_num;
+    q->attr.pkey_index = attr->pkey_index;
+    q->attr.qp_access_flags = attr->qp_access_flags;
+  } else if (cur == IBV_QPS_INIT && next == IBV_QPS_INIT) {
+    if (mask & IBV_QP_ACCESS_FLAGS) s->access = q->attr.qp_access_flags = attr->qp_access_flags;
+  } else if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) {
+    int req = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (rc) req |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    if (!need(req)) return EINVAL;
+    if (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096) return EINVAL;
+    int peer = -1;
+    if (int e = resolve_rtr(q, attr, &peer)) return e;
+    s->dest_qpn = attr->dest_qp_num & 0xffffff;
+    s->peer_port = peer;
+    if (rc) s->min_rnr_timer = attr->min_rnr_timer;
+    q->attr.ah_attr = attr->ah_attr;
+    q->attr.path_mtu = attr->path_mtu;
+    q->attr.dest_qp_num = attr->dest_qp_num;
+    q->attr.rq_psn = attr->rq_psn;
+    if (rc) {
+      q->attr.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+      q->attr.min_rnr_timer = attr->min_rnr_timer;
+    }
+    if (mask & IBV_QP_ACCESS_FLAGS) s->access = q->attr.qp_access_flags = attr->qp_access_flags;
+  } else if ((cur == IBV_QPS_RTR || cur == IBV_QPS_RTS) && next == IBV_QPS_RTS) {
+    if (cur == IBV_QPS_RTR) {
+      int req = IBV_QP_STATE | IBV_QP_SQ_PSN;
+      if (rc) req |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      if (!need(req)) return EINVAL;
+    }
+    if (mask & IBV_QP_SQ_PSN) q->attr.sq_psn = attr->sq_psn;
+    if (mask & IBV_QP_TIMEOUT) q->attr.timeout = attr->timeout;
+    if (mask & IBV_QP_RETRY_CNT) q->attr.retry_cnt = attr->retry_cnt & 7;
+    if (mask & IBV_QP_RNR_RETRY) q->attr.rnr_retry = attr->rnr_retry & 7;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) q->attr.max_rd_atomic = attr->max_rd_atomic;
+    if (mask & IBV_QP_MIN_RNR_TIMER) s->min_rnr_timer = q->attr.min_rnr_timer = attr->min_rnr_timer;
+  } else {
+    return EINVAL;  // not a transition verbs allows
+  }
+  q->attr.qp_state = static_cast<ibv_qp_state>(next);
+  qp->state = static_cast<ibv_qp_state>(next);
+  __atomic_store_n(&s->state, next, __ATOMIC_RELEASE);  // publish after the fields above
+  return 0;
+}
+
+EMU_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* init) {
+  if (!qp || !attr || !init) return EINVAL;
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  if (int e = faulted(q->ctx, "ibv_query_qp")) return e;
+  std::lock_guard<std::mutex> g(q->mu);
+  *attr = q->attr;
+  attr->qp_state = static_cast<ibv_qp_state>(q->s->state);
+  attr->cur_qp_state = attr->qp_state;
+  attr->cap = q->cap;
+  std::memset(init, 0, sizeof *init);
+  init->qp_context = qp->qp_context;
+  init->send_cq = qp->send_cq;
+  init->recv_cq = qp->recv_cq;
+  init->cap = q->cap;
+  init->qp_type = qp->qp_type;
+  init->sq_sig_all = q->sq_sig_all;
+  return 0;
+}
+
+EMU_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
+  errno = EOPNOTSUPP;  // the extended QP API is not emulated
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- unsupported objects
+
+EMU_EXPORT ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
+  errno = EOPNOTSUPP;  // no UD QPs, so no address handles
+  return nullptr;
+}
+EMU_EXPORT int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
+EMU_EXPORT ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+EMU_EXPORT int ibv_destroy_srq(ibv_srq*) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return IBV_REREG_MR_ERR_INPUT; }
+
+EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
+  // Never produces events: block (or EAGAIN) on the context's quiet eventfd.
+  EmuContext* c = ectx(context);
+  if (!c) {
+    errno = EINVAL;
+    return -1;
+  }
+  pollfd p{c->v.context.async_fd, POLLIN, 0};
+  ::poll(&p, 1, -1);
+  errno = EAGAIN;
+  return -1;
+}
+EMU_EXPORT void ibv_ack_async_event(ibv_async_event*) {}
+EMU_EXPORT int ibv_fork_init(void) { return 0; }
+EMU_EXPORT ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+
+// ---------------------------------------------------------------- strings and helpers
+
+EMU_EXPORT const char* ibv_wc_status_str(ibv_wc_status status) {
+  static const char* const s[] = {"success",
+                                  "local length error",
+                                  "local QP operation error",
+                                  "local EE context operation error",
+                                  "local protection error",
+                                  "Work Request Flushed Error",
+                                  "memory management operation error",
+                                  "bad response error",
+                                  "local access error",
+                                  "remote invalid request error",
+                                  "remote access error",
+                                  "remote operation error",
+                                  "transport retry counter exceeded",
+                                  "RNR retry counter exceeded",
+                                  "local RDD violation error",
+                                  "remote invalid RD request",
+                                  "aborted error",
+                                  "invalid EE context number",
+                                  "invalid EE context state",
+                                  "fatal error",
+                                  "response timeout error",
+                                  "general error",
+                                  "TM error",
+                                  "TM software rendezvous"};
+  unsigned i = static_cast<unsigned>(status);
+  return i < sizeof s / sizeof s[0] ? s[i] : "unknown";
+}
+
+EMU_EXPORT const char* ibv_port_state_str(ibv_port_state state) {
+  static const char* const s[] = {"PORT_NOP", "PORT_DOWN", "PORT_INIT", "PORT_ARMED", "PORT_ACTIVE",
+                                  "PORT_ACTIVE_DEFER"};
+  unsigned i = static_cast<unsigned>(state);
+  return i < sizeof s / sizeof s[0] ? s[i] : "unknown";
+}
+
+EMU_EXPORT const char* ibv_node_type_str(ibv_node_type t) {
+  switch (t) {
+    case IBV_NODE_CA: return "InfiniBand channel adapter";
+    case IBV_NODE_SWITCH: return "InfiniBand switch";
+    case IBV_NODE_ROUTER: return "InfiniBand router";
+    case IBV_NODE_RNIC: return "iWARP NIC";
+    case IBV_NODE_USNIC: return "usNIC";
+    case IBV_NODE_USNIC_UDP: return "usNIC UDP";
+    case IBV_NODE_UNSPECIFIED: return "unspecified";
+    default: return "unknown";
+  }
+}
+
+EMU_EXPORT const char* ibv_event_type_str(ibv_event_type e) {
+  switch (e) {
+    case IBV_EVENT_CQ_ERR: return "CQ error";
+    case IBV_EVENT_QP_FATAL: return "local work queue catastrophic error";
+    case IBV_EVENT_QP_REQ_ERR: return "invalid request local work queue error";
+    case IBV_EVENT_QP_ACCESS_ERR: return "local access violation work queue error";
+    case IBV_EVENT_COMM_EST: return "communication established";
+    case IBV_EVENT_SQ_DRAINED: return "send queue drained";
+    case IBV_EVENT_PATH_MIG: return "path migrated";
+    case IBV_EVENT_PATH_MIG_ERR: return "path migration request error";
+    case IBV_EVENT_DEVICE_FATAL: return "local catastrophic error";
+    case IBV_EVENT_PORT_ACTIVE: return "port active";
+    case IBV_EVENT_PORT_ERR: return "port error";
+    case IBV_EVENT_LID_CHANGE: return "LID change";
+    case IBV_EVENT_PKEY_CHANGE: return "P_Key change";
+    case IBV_EVENT_SM_CHANGE: return "SM change";
+    case IBV_EVENT_SRQ_ERR: return "SRQ catastrophic error";
+    case IBV_EVENT_SRQ_LIMIT_REACHED: return "SRQ limit reached";
+    case IBV_EVENT_QP_LAST_WQE_REACHED: return "last WQE reached";
+    case IBV_EVENT_CLIENT_REREGISTER: return "client reregistration";
+    case IBV_EVENT_GID_CHANGE: return "GID table change";
+    case IBV_EVENT_WQ_FATAL: return "WQ fatal";
+    default: return "unknown";
+  }
+}
+
+EMU_EXPORT int ibv_rate_to_mult(ibv_rate rate) {
+  switch (rate) {
+    case IBV_RATE_2_5_GBPS: return 1;
+    case IBV_RATE_5_GBPS: return 2;
+    case IBV_RATE_10_GBPS: return 4;
+    case IBV_RATE_20_GBPS: return 8;
+    case IBV_RATE_30_GBPS: return 12;
+    case IBV_RATE_40_GBPS: return 16;
+    case IBV_RATE_60_GBPS: return 24;
+    case IBV_RATE_80_GBPS: return 32;
+    case IBV_RATE_120_GBPS: return 48;
+    default: return -1;
+  }
+}
+
+EMU_EXPORT ibv_rate mult_to_ibv_rate(int mult) {
+  switch (mult) {
+    case 1: return IBV_RATE_2_5_GBPS;
+    case 2: return IBV_RATE_5_GBPS;
+    case 4: return IBV_RATE_10_GBPS;
+    case 8: return IBV_RATE_20_GBPS;
+    case 12: return IBV_RATE_30_GBPS;
+    case 16: return IBV_RATE_40_GBPS;
+    case 24: return IBV_RATE_60_GBPS;
+    case 32: return IBV_RATE_80_GBPS;
+    case 48: return IBV_RATE_120_GBPS;
+    default: return IBV_RATE_MAX;
+  }
+}
+
+EMU_EXPORT int ibv_get_sysfs_path(char* buf, size_t size) {
+  std::snprintf(buf, size, "/sys");
+  return 0;
+}
+
+// ibv_devinfo reads a device's board_id through this; answer for our devices.
+EMU_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
+  if (!dir || !file || !buf || size == 0) return -1;
+  if (std::strncmp(dir, "/sys/class/infiniband/", 22) == 0) {
+    if (std::strcmp(file, "board_id") == 0) return std::snprintf(buf, size, "TBVERBS_EMU") > 0 ? 11 : -1;
+    if (std::strcmp(file, "node_desc") == 0) return std::snprintf(buf, size, "tbverbs emulated device") > 0 ? 23 : -1;
+    return -1;
+  }
+  std::string path = std::string(dir) + "/" + file;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = ::read(fd, buf, size);
+  ::close(fd);
+  if (n > 0 && buf[n - 1] == '\n') buf[--n] = '\0';
+  if (n >= 0 && static_cast<size_t>(n) < size) buf[n] = '\0';
+  return static_cast<int>(n);
+}

@@ -1,0 +1,252 @@
+// tbverbs-emu: control CLI for the emulated verbs fabric.
+//
+// Changes the shared run-time state of a fabric (addresses, port state, faults)
+// through the C control API, and can act as an orphaned QP holder.
+#include <infiniband/verbs.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tbverbs_emu/control.h"
+
+namespace {
+
+struct ErrnoName {
+  const char* name;
+  int value;
+};
+const ErrnoName kErrnos[] = {
+    {"EPERM", EPERM},       {"ENOENT", ENOENT},       {"EINTR", EINTR},         {"EIO", EIO},
+    {"EAGAIN", EAGAIN},     {"ENOMEM", ENOMEM},       {"EACCES", EACCES},       {"EFAULT", EFAULT},
+    {"EBUSY", EBUSY},       {"ENODEV", ENODEV},       {"EINVAL", EINVAL},       {"ENOSPC", ENOSPC},
+    {"ENOSYS", ENOSYS},     {"ENODATA", ENODATA},     {"ETIMEDOUT", ETIMEDOUT}, {"EOPNOTSUPP", EOPNOTSUPP},
+    {"ENOTSUP", ENOTSUP},   {"ENETDOWN", ENETDOWN},   {"ENETUNREACH", ENETUNREACH},
+    {"ECONNREFUSED", ECONNREFUSED}, {"EHOSTUNREACH", EHOSTUNREACH}, {"ECONNRESET", ECONNRESET},
+};
+
+int parse_errno(const std::string& s) {
+  for (const auto& e : kErrnos)
+    if (s == e.name) return e.value;
+  try {
+    size_t used = 0;
+    int v = std::stoi(s, &used);
+    if (used == s.size() && v > 0) return v;
+  } catch (...) {
+  }
+  throw CLI::ValidationError("--errno", "unknown errno \"" + s + "\" (use a name like EBUSY or a number)");
+}
+
+int check(int rc) {
+  if (rc != 0) {
+    std::fprintf(stderr, "tbverbs-emu: %s (%s)\n", tbemu_last_error(), std::strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
+volatile sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+// Opens `device` on `host` and creates `n` UC QPs, then keeps them until killed or
+// `seconds` pass: the "orphaned runner still holding the QPs" of the field reports.
+int hold_qps(const std::string& fabric, const std::string& host, const std::string& device, int n, int seconds,
+             bool daemonize, const std::string& pidfile) {
+  if (!fabric.empty()) setenv("TBVERBS_EMU_FABRIC", fabric.c_str(), 1);
+  setenv("TBVERBS_EMU_HOST", host.c_str(), 1);
+  int ready[2] = {-1, -1};
+  if (daemonize) {
+    // Double fork: the holder is reparented to init, like an orphaned runner.
+    if (pipe(ready) != 0) return 1;
+    pid_t p = fork();
+    if (p < 0) return 1;
+    if (p > 0) {
+      close(ready[1]);
+      char buf[64] = {};
+      ssize_t r = read(ready[0], buf, sizeof buf - 1);
+      if (r <= 0) {
+        std::fprintf(stderr, "tbverbs-emu: holder failed to start\n");
+        return 1;
+      }
+      std::printf("%s", buf);
+      std::fflush(stdout);
+      return std::strncmp(buf, "holding", 7) == 0 ? 0 : 1;
+    }
+    close(ready[0]);
+    setsid();
+    if (fork() != 0) _exit(0);
+  }
+  auto say = [&](const std::string& msg) {
+    if (ready[1] >= 0) {
+      ssize_t w = write(ready[1], msg.data(), msg.size());
+      (void)w;
+      close(ready[1]);
+      ready[1] = -1;
+    } else {
+      std::printf("%s", msg.c_str());
+      std::fflush(stdout);
+    }
+  };
+  int num = 0;
+  ibv_device** list = ibv_get_device_list(&num);
+  ibv_device* dev = nullptr;
+  for (int i = 0; list && i < num; ++i)
+    if (device == ibv_get_device_name(list[i])) dev = list[i];
+  if (!dev) {
+    say("error: no device " + device + " on host " + host + "\n");
+    return 1;
+  }
+  ibv_context* ctx = ibv_open_device(dev);
+  ibv_pd* pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+  ibv_cq* cq = pd ? ibv_create_cq(ctx, 16, nullptr, nullptr, 0) : nullptr;
+  if (!cq) {
+    say(std::string("error: cannot set up device: ") + std::strerror(errno) + "\n");
+    return 1;
+  }
+  std::vector<ibv_qp*> qps;
+  for (int i = 0; i < n; ++i) {
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 1;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    a.qp_type = IBV_QPT_UC;
+    ibv_qp* q = ibv_create_qp(pd, &a);
+    if (!q) {
+      say(std::string("error: create_qp #") + std::to_string(i + 1) + ": " + std::strerror(errno) + "\n");
+      return 1;
+    }
+    qps.push_back(q);
+  }
+  if (!pidfile.empty()) std::ofstream(pidfile) << getpid() << "\n";
+  say("holding " + std::to_string(n) + " QPs on " + host + ":" + device + " pid " + std::to_string(getpid()) + "\n");
+  if (daemonize) {
+    // Detach from the terminal/ctest pipes so the caller is not kept waiting.
+    freopen("/dev/null", "r", stdin);
+    freopen("/dev/null", "w", stdout);
+    freopen("/dev/null", "w", stderr);
+  }
+  signal(SIGTERM, on_signal);
+  signal(SIGINT, on_signal);
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!g_stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (auto* q : qps) ibv_destroy_qp(q);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  ibv_free_device_list(list);
+  if (!pidfile.empty()) unlink(pidfile.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Control the tbverbs emulated verbs fabric (state shared by every process on it)"};
+  std::string fabric;
+  app.add_option("--fabric,-f", fabric, "Fabric description file (default: $TBVERBS_EMU_FABRIC)");
+  app.require_subcommand(1);
+  auto fab = [&]() -> const char* { return fabric.empty() ? nullptr : fabric.c_str(); };
+
+  auto* show = app.add_subcommand("show", "Print ports, addresses, QPs and faults");
+  auto* reset = app.add_subcommand("reset", "Return ports/addresses to the fabric file and clear faults");
+  auto* sdir = app.add_subcommand("state-dir", "Print the shared state directory");
+
+  std::string host, device, cidr;
+  int port = 1;
+  auto* setip = app.add_subcommand("set-ipv4", "Assign an IPv4 address (GID ::ffff:a.b.c.d at index 1)");
+  setip->add_option("host", host)->required();
+  setip->add_option("device", device)->required();
+  setip->add_option("cidr", cidr, "a.b.c.d/prefix")->required();
+  setip->add_option("--port", port);
+  auto* clrip = app.add_subcommand("clear-ipv4", "Remove a port's IPv4 address");
+  clrip->add_option("host", host)->required();
+  clrip->add_option("device", device)->required();
+  clrip->add_option("--port", port);
+  auto* pdown = app.add_subcommand("port-down", "Take a port down (both cable ends report PORT_DOWN)");
+  pdown->add_option("host", host)->required();
+  pdown->add_option("device", device)->required();
+  pdown->add_option("--port", port);
+  auto* pup = app.add_subcommand("port-up", "Bring a port up");
+  pup->add_option("host", host)->required();
+  pup->add_option("device", device)->required();
+  pup->add_option("--port", port);
+
+  auto* fault = app.add_subcommand("fault", "Inject or clear faults");
+  fault->require_subcommand(1);
+  std::string verb, err_s, fhost, next_on;
+  uint64_t nth = 1;
+  uint32_t count = 1, usec = 0, qpn = 0;
+  auto* ffail = fault->add_subcommand("fail", "Fail the nth call of a verb with an errno");
+  ffail->add_option("--verb", verb, "e.g. ibv_create_qp, ibv_modify_qp, ibv_post_send")->required();
+  ffail->add_option("--nth", nth, "first failing call, 1-based (default 1)");
+  ffail->add_option("--errno", err_s, "errno name or number, e.g. EBUSY")->required();
+  ffail->add_option("--count", count, "how many calls fail (0 = all from nth on; default 1)");
+  ffail->add_option("--host", fhost, "only calls made on this host");
+  auto* fdrop = fault->add_subcommand("drop", "Lose everything one QP sends (one direction)");
+  auto* o_qpn = fdrop->add_option("--qpn", qpn, "QP number (decimal or 0x...)");
+  auto* o_next = fdrop->add_option("--next-on", next_on, "the next QP created on this host");
+  o_qpn->excludes(o_next);
+  auto* fdelay = fault->add_subcommand("delay", "Delay delivery of sends posted on a host");
+  fdelay->add_option("--usec", usec)->required();
+  fdelay->add_option("--host", fhost);
+  auto* fclear = fault->add_subcommand("clear", "Remove every fault");
+
+  int n = 10, seconds = 3600;
+  bool daemonize = false;
+  std::string pidfile;
+  auto* hold = app.add_subcommand("hold-qps", "Create QPs on a device and keep them (orphaned holder)");
+  hold->add_option("host", host)->required();
+  hold->add_option("device", device)->required();
+  hold->add_option("-n,--count", n, "number of QPs (default 10)");
+  hold->add_option("--seconds", seconds, "give them back after this long (default 3600)");
+  hold->add_flag("--daemon", daemonize, "detach (double fork) so the holder is an orphan of init");
+  hold->add_option("--pidfile", pidfile, "write the holder's pid here");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*show) {
+    const char* s = tbemu_describe(fab());
+    if (!s) return check(EINVAL);
+    std::fputs(s, stdout);
+    return 0;
+  }
+  if (*reset) return check(tbemu_reset(fab()));
+  if (*sdir) {
+    const char* s = tbemu_state_dir(fab());
+    if (!s) return check(EINVAL);
+    std::puts(s);
+    return 0;
+  }
+  if (*setip) return check(tbemu_set_ipv4(fab(), host.c_str(), device.c_str(), port, cidr.c_str()));
+  if (*clrip) return check(tbemu_clear_ipv4(fab(), host.c_str(), device.c_str(), port));
+  if (*pdown) return check(tbemu_set_port_up(fab(), host.c_str(), device.c_str(), port, 0));
+  if (*pup) return check(tbemu_set_port_up(fab(), host.c_str(), device.c_str(), port, 1));
+  if (*ffail) {
+    int e;
+    try {
+      e = parse_errno(err_s);
+    } catch (const CLI::Error& ex) {
+      return app.exit(ex);
+    }
+    return check(tbemu_fault_fail_call(fab(), fhost.empty() ? nullptr : fhost.c_str(), verb.c_str(), nth, e, count));
+  }
+  if (*fdrop) {
+    if (*o_qpn) return check(tbemu_fault_drop_qp(fab(), qpn));
+    if (*o_next) return check(tbemu_fault_drop_next_qp(fab(), next_on.c_str()));
+    std::fprintf(stderr, "tbverbs-emu: fault drop needs --qpn or --next-on\n");
+    return 2;
+  }
+  if (*fdelay) return check(tbemu_fault_delay(fab(), fhost.empty() ? nullptr : fhost.c_str(), usec));
+  if (*fclear) return check(tbemu_fault_clear(fab()));
+  if (*hold) return hold_qps(fabric, host, device, n, seconds, daemonize, pidfile);
+  return 0;
+}
