@@ -1,0 +1,242 @@
+// A fake verbs provider behind a tbverbs function table: every verb is a plain function that
+// reads its behaviour from one FakeVerbs object, so unit tests drive success and error paths
+// without a provider. Only one FakeVerbs may be live at a time (the functions find it globally).
+#pragma once
+
+#include <tbverbs/tbverbs.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace fake {
+
+namespace abi = tbverbs::abi;
+
+struct FakeVerbs;
+inline FakeVerbs* current = nullptr;
+
+struct FakeVerbs {
+  // Devices and ports.
+  std::vector<std::string> device_names{"rdma_en1", "rdma_en2"};
+  int list_errno = 0;                        // with no devices: errno left by get_device_list
+  int port_state = abi::IBV_PORT_ACTIVE;
+  std::vector<tbverbs::Gid> gids;            // the GID table (length = gids.size())
+  // Failure switches.
+  int alloc_pd_errno = 0;                    // alloc_pd returns NULL with this errno
+  int reg_mr_errno = 0;
+  int create_qp_errno = 0;
+  int modify_qp_rc[6] = {};                  // per target state: returned by modify_qp
+  int post_send_rc = 0;
+  int post_recv_rc = 0;
+  int poll_rc = 0;                           // negative: poll_cq returns it
+  std::deque<abi::ibv_wc> completions;       // what poll_cq hands out
+  unsigned granted_send_wr = 0;              // 0: grant what was asked
+  // What happened.
+  std::vector<std::string> calls;            // "dealloc_pd", "dereg_mr", ... in order
+  std::vector<abi::ibv_qp_attr> modify_attrs;
+  std::vector<int> modify_masks;
+
+  // Objects.
+  std::vector<abi::ibv_device> devices;
+  std::vector<abi::ibv_device*> list;
+  abi::ibv_context ctx{};
+  std::deque<abi::ibv_pd> pds;
+  std::deque<abi::ibv_mr> mrs;
+  std::deque<abi::ibv_cq> cqs;
+  std::deque<abi::ibv_qp> qps;
+  tbverbs::detail::VerbsApi api;
+
+  FakeVerbs();
+  ~FakeVerbs() { current = nullptr; }
+  FakeVerbs(const FakeVerbs&) = delete;
+  FakeVerbs& operator=(const FakeVerbs&) = delete;
+
+  tbverbs::Library library() const { return tbverbs::Library::from_table(api); }
+  static tbverbs::Gid ipv4(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return tbverbs::Gid::from_ipv4((a << 24) | (b << 16) | (c << 8) | d);
+  }
+  static tbverbs::Gid link_local() { return *tbverbs::Gid::parse("fe80::1"); }
+};
+
+inline abi::ibv_device** f_get_device_list(int* n) {
+  auto& f = *current;
+  f.devices.assign(f.device_names.size(), abi::ibv_device{});
+  f.list.clear();
+  for (std::size_t i = 0; i < f.devices.size(); ++i) {
+    std::strncpy(f.devices[i].name, f.device_names[i].c_str(), sizeof f.devices[i].name - 1);
+    f.list.push_back(&f.devices[i]);
+  }
+  f.list.push_back(nullptr);
+  *n = static_cast<int>(f.devices.size());
+  if (f.devices.empty()) {
+    errno = f.list_errno;
+    return f.list_errno ? nullptr : f.list.data();
+  }
+  return f.list.data();
+}
+inline void f_free_device_list(abi::ibv_device**) { current->calls.push_back("free_device_list"); }
+inline const char* f_get_device_name(abi::ibv_device* d) { return d->name; }
+inline std::uint64_t f_get_device_guid(abi::ibv_device*) { return 0; }
+inline abi::ibv_context* f_open_device(abi::ibv_device* d) {
+  current->ctx.device = d;
+  return &current->ctx;
+}
+inline int f_close_device(abi::ibv_context*) {
+  current->calls.push_back("close_device");
+  return 0;
+}
+inline int f_query_device(abi::ibv_context*, abi::ibv_device_attr* a) {
+  a->max_cqe = 4096;
+  a->max_qp = 10;
+  a->phys_port_cnt = 1;
+  return 0;
+}
+inline int f_query_port(abi::ibv_context*, std::uint8_t port, abi::ibv_port_attr* a) {
+  if (port != 1) return EINVAL;
+  a->state = static_cast<abi::ibv_port_state>(current->port_state);
+  a->active_mtu = abi::IBV_MTU_1024;
+  a->max_mtu = abi::IBV_MTU_4096;
+  a->gid_tbl_len = static_cast<int>(current->gids.size());
+  a->lid = 0;
+  return 0;
+}
+inline int f_query_gid(abi::ibv_context*, std::uint8_t, int index, abi::ibv_gid* g) {
+  auto& f = *current;
+  if (index < 0 || static_cast<std::size_t>(index) >= f.gids.size()) return EINVAL;
+  std::memcpy(g->raw, f.gids[static_cast<std::size_t>(index)].raw().data(), 16);
+  return 0;
+}
+inline abi::ibv_pd* f_alloc_pd(abi::ibv_context* c) {
+  auto& f = *current;
+  if (f.alloc_pd_errno) {
+    errno = f.alloc_pd_errno;
+    return nullptr;
+  }
+  f.pds.push_back(abi::ibv_pd{});
+  f.pds.back().context = c;
+  return &f.pds.back();
+}
+inline int f_dealloc_pd(abi::ibv_pd*) {
+  current->calls.push_back("dealloc_pd");
+  return 0;
+}
+inline abi::ibv_mr* f_reg_mr(abi::ibv_pd* pd, void* addr, std::size_t len, int) {
+  auto& f = *current;
+  if (f.reg_mr_errno) {
+    errno = f.reg_mr_errno;
+    return nullptr;
+  }
+  f.mrs.push_back(abi::ibv_mr{});
+  auto& m = f.mrs.back();
+  m.context = pd->context;
+  m.pd = pd;
+  m.addr = addr;
+  m.length = len;
+  m.lkey = 0x100 + static_cast<std::uint32_t>(f.mrs.size());
+  m.rkey = 0x200 + static_cast<std::uint32_t>(f.mrs.size());
+  return &m;
+}
+inline int f_dereg_mr(abi::ibv_mr*) {
+  current->calls.push_back("dereg_mr");
+  return 0;
+}
+inline int f_poll_cq(abi::ibv_cq*, int n, abi::ibv_wc* wc) {
+  auto& f = *current;
+  if (f.poll_rc < 0) return f.poll_rc;
+  int k = 0;
+  while (k < n && !f.completions.empty()) {
+    wc[k++] = f.completions.front();
+    f.completions.pop_front();
+  }
+  return k;
+}
+inline int f_req_notify_cq(abi::ibv_cq*, int) { return 0; }
+inline int f_post_send(abi::ibv_qp*, abi::ibv_send_wr*, abi::ibv_send_wr**) { return current->post_send_rc; }
+inline int f_post_recv(abi::ibv_qp*, abi::ibv_recv_wr*, abi::ibv_recv_wr**) { return current->post_recv_rc; }
+inline abi::ibv_cq* f_create_cq(abi::ibv_context* c, int cqe, void*, abi::ibv_comp_channel* ch, int) {
+  auto& f = *current;
+  f.cqs.push_back(abi::ibv_cq{});
+  f.cqs.back().context = c;
+  f.cqs.back().cqe = cqe;
+  f.cqs.back().channel = ch;
+  return &f.cqs.back();
+}
+inline int f_destroy_cq(abi::ibv_cq*) {
+  current->calls.push_back("destroy_cq");
+  return 0;
+}
+inline abi::ibv_qp* f_create_qp(abi::ibv_pd* pd, abi::ibv_qp_init_attr* a) {
+  auto& f = *current;
+  if (f.create_qp_errno) {
+    errno = f.create_qp_errno;
+    return nullptr;
+  }
+  if (f.granted_send_wr) a->cap.max_send_wr = f.granted_send_wr;
+  f.qps.push_back(abi::ibv_qp{});
+  auto& q = f.qps.back();
+  q.context = pd->context;
+  q.pd = pd;
+  q.send_cq = a->send_cq;
+  q.recv_cq = a->recv_cq;
+  q.qp_num = 0x40 + static_cast<std::uint32_t>(f.qps.size());
+  q.qp_type = a->qp_type;
+  return &q;
+}
+inline int f_destroy_qp(abi::ibv_qp*) {
+  current->calls.push_back("destroy_qp");
+  return 0;
+}
+inline int f_modify_qp(abi::ibv_qp*, abi::ibv_qp_attr* a, int mask) {
+  auto& f = *current;
+  f.modify_attrs.push_back(*a);
+  f.modify_masks.push_back(mask);
+  return f.modify_qp_rc[a->qp_state];
+}
+inline int f_query_qp(abi::ibv_qp*, abi::ibv_qp_attr*, int, abi::ibv_qp_init_attr*) {
+  return EOPNOTSUPP; // exercise the fallback to create_qp's written-back caps
+}
+
+inline FakeVerbs::FakeVerbs() {
+  current = this;
+  gids = {link_local(), ipv4(10, 0, 0, 1)};
+  ctx.ops.poll_cq = f_poll_cq;
+  ctx.ops.req_notify_cq = f_req_notify_cq;
+  ctx.ops.post_send = f_post_send;
+  ctx.ops.post_recv = f_post_recv;
+  api.get_device_list = f_get_device_list;
+  api.free_device_list = f_free_device_list;
+  api.get_device_name = f_get_device_name;
+  api.get_device_guid = f_get_device_guid;
+  api.open_device = f_open_device;
+  api.close_device = f_close_device;
+  api.query_device = f_query_device;
+  api.query_port = f_query_port;
+  api.query_gid = f_query_gid;
+  api.alloc_pd = f_alloc_pd;
+  api.dealloc_pd = f_dealloc_pd;
+  api.reg_mr = f_reg_mr;
+  api.dereg_mr = f_dereg_mr;
+  api.create_cq = f_create_cq;
+  api.destroy_cq = f_destroy_cq;
+  api.create_qp = f_create_qp;
+  api.destroy_qp = f_destroy_qp;
+  api.modify_qp = f_modify_qp;
+  api.query_qp = f_query_qp;
+  api.origin = "fake";
+  api.platform = tbverbs::Platform::rdma_core;
+}
+
+inline abi::ibv_wc completion(std::uint64_t wr_id, int status = abi::IBV_WC_SUCCESS,
+                              int opcode = abi::IBV_WC_RECV, std::uint32_t len = 4096) {
+  abi::ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = static_cast<abi::ibv_wc_status>(status);
+  wc.opcode = static_cast<abi::ibv_wc_opcode>(opcode);
+  wc.byte_len = len;
+  return wc;
+}
+
+} // namespace fake
