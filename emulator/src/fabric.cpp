@@ -377,7 +377,20 @@ void reset_shared(const Fabric& f) {
 
 bool pid_alive(int32_t pid) {
   if (pid <= 0) return false;
-  return ::kill(pid, 0) == 0 || errno == EPERM;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  // A zombie (killed, not yet reaped, e.g. an orphan whose init does not reap)
+  // has released its memory and QPs as far as the kernel is concerned.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buf[256];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = 0;
+  const char* rp = std::strrchr(buf, ')');  // the command name may contain spaces
+  return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
 void collect_dead(Shared* s) {

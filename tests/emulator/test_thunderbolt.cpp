@@ -1,0 +1,227 @@
+// Thunderbolt profile: the Apple driver behaviour of field-failures.md section 4.
+#include <catch2/catch_test_macros.hpp>
+#include <cerrno>
+#include <sys/wait.h>
+
+#include "emu_test_util.hpp"
+
+using namespace emutest;
+
+TEST_CASE("tb: GID table is fe80 only until the port has an IPv4 address", "[tb][gid]") {
+  TempFabric f(three_hosts("thunderbolt", false));
+  ibv_context* ctx = open_dev("hostA", "rdma_en1");
+  REQUIRE(ctx);
+  ibv_port_attr pa{};
+  REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
+  CHECK(pa.gid_tbl_len == 1024);
+  CHECK(pa.active_mtu == IBV_MTU_1024);
+  CHECK(pa.state == IBV_PORT_ACTIVE);
+  ibv_gid g0 = gid_of(ctx, 0), g1 = gid_of(ctx, 1), zero{};
+  CHECK(g0.raw[0] == 0xfe);
+  CHECK(g0.raw[1] == 0x80);
+  CHECK(std::memcmp(&g1, &zero, sizeof zero) == 0);
+
+  // Another process (the CLI, here the C API) adds the address at run time.
+  REQUIRE(tbemu_set_ipv4(f.p(), "hostA", "rdma_en1", 1, "169.254.10.1/16") == 0);
+  g1 = gid_of(ctx, 1);
+  ibv_gid want = make_v4_gid(169, 254, 10, 1);
+  CHECK(std::memcmp(&g1, &want, sizeof want) == 0);
+
+  // Changed, then removed.
+  REQUIRE(tbemu_set_ipv4(f.p(), "hostA", "rdma_en1", 1, "10.9.9.1/30") == 0);
+  want = make_v4_gid(10, 9, 9, 1);
+  g1 = gid_of(ctx, 1);
+  CHECK(std::memcmp(&g1, &want, sizeof want) == 0);
+  REQUIRE(tbemu_clear_ipv4(f.p(), "hostA", "rdma_en1", 1) == 0);
+  g1 = gid_of(ctx, 1);
+  CHECK(std::memcmp(&g1, &zero, sizeof zero) == 0);
+  ibv_gid out{};
+  CHECK(ibv_query_gid(ctx, 1, 1024, &out) == -1);
+  ibv_close_device(ctx);
+}
+
+TEST_CASE("tb: only UC queue pairs; RC and UD are refused with EOPNOTSUPP", "[tb][qp]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1"));
+  for (ibv_qp_type t : {IBV_QPT_RC, IBV_QPT_UD}) {
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = s.cq;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    a.qp_type = t;
+    errno = 0;
+    CHECK(ibv_create_qp(s.pd, &a) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+  }
+}
+
+TEST_CASE("tb: at most 10 QPs per device, counted across processes", "[tb][qp]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1"));  // QP 1
+  int go[2], done[2];
+  REQUIRE(pipe(go) == 0);
+  REQUIRE(pipe(done) == 0);
+  pid_t child = fork();
+  if (child == 0) {
+    Side c;
+    bool ok = c.open("hostA", "rdma_en1");  // QP 2
+    std::vector<ibv_qp*> extra;
+    for (int i = 0; ok && i < 4; ++i) ok = c.create_qp(), extra.push_back(c.qp);  // QPs 3..6
+    char r = ok ? 'y' : 'n';
+    (void)!write(done[1], &r, 1);
+    (void)!read(go[0], &r, 1);  // hold them until the parent has checked
+    _exit(0);
+  }
+  char r = 0;
+  REQUIRE(read(done[0], &r, 1) == 1);
+  REQUIRE(r == 'y');
+  CHECK(tbemu_qp_count(f.p(), "hostA", "rdma_en1") == 6);
+  std::vector<ibv_qp*> mine;
+  for (int i = 0; i < 4; ++i) {  // QPs 7..10
+    REQUIRE(s.create_qp());
+    mine.push_back(s.qp);
+  }
+  errno = 0;
+  CHECK_FALSE(s.create_qp());  // the 11th
+  CHECK(errno == EBUSY);
+  // Another device is not affected.
+  Side other;
+  CHECK(other.open("hostA", "rdma_en2"));
+  // When the other process exits its QPs are released, like the kernel does.
+  (void)!write(go[1], "x", 1);
+  int st = 0;
+  waitpid(child, &st, 0);
+  CHECK(s.create_qp());
+  mine.push_back(s.qp);
+  for (ibv_qp* q : mine) ibv_destroy_qp(q);
+  s.qp = nullptr;
+}
+
+TEST_CASE("tb: create_qp clamps depths to 4095 frames; post_recv beyond the frame budget gives ENOMEM",
+          "[tb][depth]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_UC, 1 << 16, 5));
+  ibv_qp_init_attr big{};
+  big.send_cq = big.recv_cq = s.cq;
+  big.cap.max_send_wr = big.cap.max_recv_wr = 10000;
+  big.cap.max_send_sge = big.cap.max_recv_sge = 1;
+  big.qp_type = IBV_QPT_UC;
+  ibv_qp* q = ibv_create_qp(s.pd, &big);
+  REQUIRE(q);
+  CHECK(big.cap.max_recv_wr == 4095);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(q, &qa, IBV_QP_CAP, &qi) == 0);
+  CHECK(qi.cap.max_send_wr == 4095);
+  ibv_destroy_qp(q);
+
+  REQUIRE(to_init(s.qp) == 0);
+  // Depth 5 frames: two 8 KiB receives (2 frames each) fit, a third does not; a 4 KiB one does.
+  CHECK(post_recv(s, 1, 0, 8192) == 0);
+  CHECK(post_recv(s, 2, 8192, 8192) == 0);
+  CHECK(post_recv(s, 3, 16384, 8192) == ENOMEM);
+  CHECK(post_recv(s, 4, 16384, 4096) == 0);
+  CHECK(post_recv(s, 5, 20480, 100) == ENOMEM);
+}
+
+TEST_CASE("tb: SEND/RECV works; RDMA WRITE completes but moves nothing; send with immediate is refused",
+          "[tb][data]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  REQUIRE(connect_pair(a, b));
+  std::memset(a.buf.data(), 0x5a, 4096);
+  REQUIRE(post_recv(b, 7, 0, 4096) == 0);
+  REQUIRE(post_send(a, 1, 0, 4096) == 0);
+  ibv_wc wc{};
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_RECV);
+  CHECK(wc.byte_len == 4096);
+  CHECK(wc.wr_id == 7);
+  CHECK(wc.qp_num == b.qp->qp_num);
+  CHECK(b.buf[4095] == 0x5a);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_SEND);
+
+  std::memset(a.buf.data(), 0x11, 4096);
+  REQUIRE(post_send(a, 2, 0, 4096, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 0,
+                    reinterpret_cast<uint64_t>(b.buf.data()) + 8192, b.mr->rkey) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_RDMA_WRITE);
+  CHECK(b.buf[8192] == 0);  // accepted, completed, never executed
+
+  CHECK(post_send(a, 3, 0, 16, IBV_WR_SEND_WITH_IMM) == EINVAL);
+}
+
+TEST_CASE("tb: a send and its receive must span the same number of 4 KiB frames", "[tb][frames]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  REQUIRE(connect_pair(a, b));
+  REQUIRE(post_recv(b, 1, 0, 8192) == 0);  // 2 frames
+  REQUIRE(post_send(a, 1, 0, 100) == 0);   // 1 frame
+  ibv_wc wc{};
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK(wc.status != IBV_WC_SUCCESS);
+  CHECK(wc.status == IBV_WC_LOC_LEN_ERR);
+  // Same frame count with different byte sizes is fine.
+  REQUIRE(post_recv(b, 2, 0, 4096) == 0);
+  REQUIRE(post_send(a, 2, 0, 100) == 0);
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.byte_len == 100);
+}
+
+TEST_CASE("tb: port down makes ibv_alloc_pd fail; both cable ends go PORT_DOWN", "[tb][port]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  REQUIRE(tbemu_set_port_up(f.p(), "hostB", "rdma_en1", 1, 0) == 0);
+  ibv_context* ctx = open_dev("hostA", "rdma_en1");
+  REQUIRE(ctx);
+  ibv_port_attr pa{};
+  REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
+  CHECK(pa.state == IBV_PORT_DOWN);
+  errno = 0;
+  CHECK(ibv_alloc_pd(ctx) == nullptr);
+  CHECK(errno == ENETDOWN);
+  REQUIRE(tbemu_set_port_up(f.p(), "hostB", "rdma_en1", 1, 1) == 0);
+  REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
+  CHECK(pa.state == IBV_PORT_ACTIVE);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  CHECK(pd != nullptr);
+  if (pd) ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
+TEST_CASE("tb: RTR fails as the field saw it", "[tb][rtr]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b, c;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  REQUIRE(c.open("hostC", "rdma_en1"));
+  REQUIRE(to_init(a.qp) == 0);
+  ibv_gid zero{};
+  SECTION("unset dgid: EINVAL") { CHECK(to_rtr(a.qp, b.qp->qp_num, zero, 1) == EINVAL); }
+  SECTION("no GRH: EINVAL") { CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1, false) == EINVAL); }
+  SECTION("sgid index not IPv4-mapped: ENODATA") {
+    CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 0) == ENODATA);
+  }
+  SECTION("source without IPv4 (index 1 empty): ENODATA") {
+    REQUIRE(tbemu_clear_ipv4(f.p(), "hostA", "rdma_en1", 1) == 0);
+    CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1) == ENODATA);
+  }
+  SECTION("link-local dgid: ETIMEDOUT") {
+    CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 0), 1) == ETIMEDOUT);
+  }
+  SECTION("peer's IPv4 on another cable: ETIMEDOUT") {
+    CHECK(to_rtr(a.qp, c.qp->qp_num, gid_of(c.ctx, 1), 1) == ETIMEDOUT);
+  }
+  SECTION("the right GID works") { CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1) == 0); }
+}
