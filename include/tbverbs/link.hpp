@@ -1,0 +1,499 @@
+/// @file link.hpp
+/// `Link`: one queue pair connected to a peer rank through the side channel and verified before
+/// use: endpoint exchange, a "receives posted" barrier before any send, a full-size warm-up in
+/// both directions confirmed over the side channel, and on failure a fresh QP and CQ with a new
+/// PSN on both sides (a bounded number of attempts).
+///
+/// Optional, like side_channel.hpp: the core umbrella header does not include it. Uses only what
+/// Apple's Thunderbolt driver allows (UC, SEND/RECV, equal frame counts on both sides, depths in
+/// 4 KiB frames, one registered warm-up buffer per link, freed once the link is verified).
+#pragma once
+
+#include "side_channel.hpp"
+#include "tbverbs.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// Bytes of one Thunderbolt wire frame: the unit Apple's driver counts depths and pairs sends
+/// with receives in (TN3205).
+inline constexpr std::size_t frame_bytes = 4096;
+
+/// The number of 4 KiB frames a message of `bytes` spans on Thunderbolt (an empty message still
+/// takes one). A send and the receive it lands in must span the same number.
+constexpr std::uint32_t frames_of(std::size_t bytes) noexcept {
+  return bytes == 0 ? 1u : static_cast<std::uint32_t>((bytes + frame_bytes - 1) / frame_bytes);
+}
+
+/// The largest queue depth Apple's driver accepts, in frames (TN3205: "up to 4095").
+inline constexpr std::uint32_t max_depth_frames = 4095;
+
+/// What one link is made of: the peer, an identifier both ends agree on, and the local objects.
+/// The context, protection domain and recipe must outlive the connect call; the Link keeps its
+/// own references to what it needs afterwards.
+struct LinkSpec {
+  int peer = -1;              ///< The peer's side-channel rank.
+  std::uint32_t id = 0;       ///< Same number on both ends (e.g. the cable's index in a ring).
+  const Context* context = nullptr;       ///< Device the QP lives on.
+  const ProtectionDomain* pd = nullptr;   ///< PD of the QP (and of the data buffers it will use).
+  std::optional<QpRecipe> recipe;         ///< Recipe of the QP: GID selection, type, depths.
+};
+
+/// Bounds and sizes of link set-up.
+struct LinkOptions {
+  /// Size of the warm-up message: the largest message the link will carry, so a direction that
+  /// passes small messages but drops large ones is caught (ds4 saw 64 B pass and 16 KiB drop).
+  std::size_t warmup_bytes = 64 * 1024;
+  /// How many times a link is (re)created before giving up.
+  int attempts = 3;
+  /// How long one warm-up attempt waits for the peer's message (ds4: 20 x 100 ms).
+  std::chrono::milliseconds warmup_wait{2000};
+  /// Bound of every side-channel exchange during set-up.
+  std::chrono::milliseconds timeout{30000};
+  /// How often a completion wait probes the side channel for a dead peer.
+  std::chrono::milliseconds liveness_interval{20};
+  /// Completion-queue entries; 0 means the recipe's send plus receive depth plus a margin.
+  int cq_entries = 0;
+  /// Called after each failed warm-up attempt (for progress output); may be empty.
+  std::function<void(std::uint32_t id, int attempt, const std::string& why)> on_retry;
+};
+
+class Link;
+
+/// Point-to-point link messages over a SideChannel, matched by type, link id and attempt.
+///
+/// Two links to the same peer (a two-rank ring has two cables between the same ranks) share one
+/// ordered side-channel connection, so messages for one link can arrive while another is being
+/// waited for; they are kept until asked for. Messages from an older attempt of a link are
+/// dropped. Not thread-safe.
+class LinkMailbox {
+public:
+  /// What a link message carries.
+  enum class Type : std::uint16_t {
+    endpoint = 1,   ///< A serialized Endpoint.
+    posted = 2,     ///< "My receives are posted" for one attempt or epoch.
+    result = 3,     ///< The warm-up outcome as seen by the sender (1 byte: 1 = received).
+  };
+
+  /// Wraps `channel`, which must outlive the mailbox.
+  explicit LinkMailbox(SideChannel& channel) noexcept : sc_(&channel) {}
+
+  /// The side channel.
+  SideChannel& channel() const noexcept { return *sc_; }
+
+  /// Sends one message to `peer`. Errors: the side channel's (peer_lost, timeout, ...).
+  [[nodiscard]] Result<void> send(int peer, Type type, std::uint32_t id, std::uint32_t attempt,
+                                  std::span<const std::byte> payload, SideChannelDeadline deadline) {
+    std::vector<std::byte> m(header_bytes + payload.size());
+    detail::put_be<std::uint32_t>(m.data(), magic);
+    detail::put_be<std::uint16_t>(m.data() + 4, version);
+    detail::put_be<std::uint16_t>(m.data() + 6, static_cast<std::uint16_t>(type));
+    detail::put_be<std::uint32_t>(m.data() + 8, id);
+    detail::put_be<std::uint32_t>(m.data() + 12, attempt);
+    if (!payload.empty()) std::memcpy(m.data() + header_bytes, payload.data(), payload.size());
+    return sc_->send_to(peer, m, deadline);
+  }
+
+  /// Receives the message of `type` for link `id` and `attempt` from `peer`, keeping others
+  /// for later. Errors: the side channel's, or bad_frame for a message that is not a link message.
+  [[nodiscard]] Result<std::vector<std::byte>> recv(int peer, Type type, std::uint32_t id, std::uint32_t attempt,
+                                                    SideChannelDeadline deadline) {
+    auto& q = stash_[peer];
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->type == type && it->id == id && it->attempt < attempt) {
+        it = q.erase(it); // stale: from an attempt both sides have given up
+        continue;
+      }
+      if (it->type == type && it->id == id && it->attempt == attempt) {
+        auto payload = std::move(it->payload);
+        q.erase(it);
+        return payload;
+      }
+      ++it;
+    }
+    for (;;) {
+      auto raw = sc_->recv_from(peer, deadline);
+      if (!raw) return fail(raw.error());
+      if (raw->size() < header_bytes || detail::get_be<std::uint32_t>(raw->data()) != magic ||
+          detail::get_be<std::uint16_t>(raw->data() + 4) != version)
+        return fail(Error::make(Step::link_warmup, ErrorKind::bad_frame,
+                                "rank " + std::to_string(peer) + " sent a message that is not a tbverbs link message "
+                                "(another protocol on the same side channel, or another tbverbs version)"));
+      Msg msg;
+      msg.type = static_cast<Type>(detail::get_be<std::uint16_t>(raw->data() + 6));
+      msg.id = detail::get_be<std::uint32_t>(raw->data() + 8);
+      msg.attempt = detail::get_be<std::uint32_t>(raw->data() + 12);
+      msg.payload.assign(raw->begin() + header_bytes, raw->end());
+      if (msg.type == type && msg.id == id) {
+        if (msg.attempt == attempt) return std::move(msg.payload);
+        if (msg.attempt < attempt) continue; // stale
+      }
+      q.push_back(std::move(msg));
+    }
+  }
+
+private:
+  static constexpr std::uint32_t magic = 0x54424c4bu; // "TBLK"
+  static constexpr std::uint16_t version = 1;
+  static constexpr std::size_t header_bytes = 16;
+  struct Msg {
+    Type type{};
+    std::uint32_t id = 0;
+    std::uint32_t attempt = 0;
+    std::vector<std::byte> payload;
+  };
+  SideChannel* sc_;
+  std::map<int, std::deque<Msg>> stash_;
+};
+
+/// Waits for completions on `cq` until `deadline`, probing the side channel for `peer` (or every
+/// peer when `peer` is negative) every `interval`, so a dead peer is reported as peer_lost
+/// instead of a silent wait (UC raises no error on peer death: field-failures row 21).
+/// Returns how many completions were written to `out` (at least one). Errors: the CQ's
+/// (wc_error, ...), the side channel's (peer_lost, an abort from another rank), or `timeout` at
+/// `step` naming `what` we were waiting for.
+[[nodiscard]] inline Result<std::size_t> wait_with_liveness(CompletionQueue& cq, std::span<WorkCompletion> out,
+                                                            SideChannel& sc, int peer, SideChannelDeadline deadline,
+                                                            Step step, std::string_view what,
+                                                            std::chrono::milliseconds interval =
+                                                                std::chrono::milliseconds(20)) {
+  using clock = std::chrono::steady_clock;
+  for (;;) {
+    const auto now = clock::now();
+    const auto slice = std::min<clock::time_point>(deadline, now + interval);
+    auto r = cq.wait(out, slice);
+    if (r) return r;
+    if (!r.error().is(ErrorKind::timeout) || r.error().step != Step::wait_cq) return fail(r.error());
+    auto alive = peer >= 0 ? sc.check_peer(peer) : sc.check_peers();
+    if (!alive) return fail(alive.error());
+    if (clock::now() >= deadline) {
+      Error e = r.error();
+      e.step = step;
+      e.with_detail("no completion before the deadline while waiting for " + std::string(what) +
+                    "; the peer's side channel is still open, so it is alive but stuck, stopped or dropping");
+      return fail(e);
+    }
+  }
+}
+
+/// Connects every link of `specs` (to one or several peers) and verifies each with a full-size
+/// warm-up in both directions. The peers must call it at the same time with the matching specs
+/// (same `id`s); the order of `specs` does not matter. Returns the links in `specs` order.
+///
+/// For each attempt: create a CQ and a QP (fresh PSN), exchange endpoints, connect (RTR, RTS),
+/// post one full-size receive, exchange "receives posted", send one full-size tagged message,
+/// wait (bounded, watching the side channel) for the peer's, check its bytes, and exchange the
+/// outcome. A link whose warm-up failed in either direction is destroyed and recreated on both
+/// sides; links that passed are kept. After `options.attempts` failures: `timeout` at
+/// Step::link_warmup naming the link, the peer rank and the direction that failed (or
+/// `peer_lost` when the peer's side channel closed). Errors of the verbs steps (create_qp,
+/// modify_qp_rtr, ...) are returned as they are, with their diagnosis.
+[[nodiscard]] inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
+                                                             const LinkOptions& options = {});
+
+/// A connected, verified queue pair to one peer rank, with its own completion queue.
+///
+/// After connect_links() nothing is posted on it and its CQ is empty. Post receives, then call
+/// receives_posted() (both sides) before the first send: on Apple's driver a send that meets an
+/// empty receive queue kills that direction for good (field-failures row 17). Move-only.
+class Link {
+public:
+  /// The peer's rank.
+  int peer() const noexcept { return peer_; }
+  /// The identifier both ends agreed on.
+  std::uint32_t id() const noexcept { return id_; }
+  /// How many attempts the warm-up took (1 = the first QP worked).
+  int attempts() const noexcept { return attempts_; }
+  /// The connected queue pair.
+  QueuePair& qp() noexcept { return *qp_; }
+  /// The link's completion queue (sends and receives).
+  CompletionQueue& cq() noexcept { return *cq_; }
+  /// The device name of the local end.
+  std::string_view device() const noexcept { return device_.view(); }
+  /// The GID selection the local end advertised (port, index, value, reason).
+  const GidSelection& gid() const noexcept { return gid_; }
+
+  /// "Receives posted" barrier with the peer: tells it that this side's receives for the coming
+  /// sends are posted and waits until the peer says the same. `epoch` numbers successive
+  /// barriers on the same link (start at 1). Errors: the side channel's.
+  [[nodiscard]] Result<void> receives_posted(LinkMailbox& mailbox, std::uint32_t epoch, SideChannelDeadline deadline) {
+    const std::uint32_t tag = 0x80000000u | epoch;
+    if (auto s = mailbox.send(peer_, LinkMailbox::Type::posted, id_, tag, {}, deadline); !s) return fail(s.error());
+    auto r = mailbox.recv(peer_, LinkMailbox::Type::posted, id_, tag, deadline);
+    if (!r) return fail(r.error());
+    return {};
+  }
+
+private:
+  friend Result<std::vector<Link>> connect_links(LinkMailbox&, std::span<const LinkSpec>, const LinkOptions&);
+  Link(int peer, std::uint32_t id, GidSelection gid) : peer_(peer), id_(id), gid_(std::move(gid)) {}
+
+  int peer_ = -1;
+  std::uint32_t id_ = 0;
+  int attempts_ = 0;
+  GidSelection gid_;
+  detail::FixedString<64> device_;
+  std::optional<CompletionQueue> cq_;
+  std::optional<QueuePair> qp_; // declared after cq_: destroyed first (it also keeps the CQ alive)
+};
+
+namespace detail {
+/// The warm-up payload: 32-bit words that depend on the link, the attempt and the sender, so a
+/// stale or misrouted message is not mistaken for the expected one.
+inline std::uint32_t warmup_word(std::size_t i, std::uint32_t id, std::uint32_t attempt, int sender) noexcept {
+  std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u;
+  x ^= id * 0x9e3779b9u ^ (attempt + 1) * 0x85ebca6bu ^ static_cast<std::uint32_t>(sender + 1) * 0xc2b2ae35u;
+  return x ^ (x >> 15);
+}
+} // namespace detail
+
+inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
+                                               const LinkOptions& options) {
+  using clock = std::chrono::steady_clock;
+  SideChannel& sc = mailbox.channel();
+  const int me = sc.rank();
+  const std::size_t n = specs.size();
+  const std::size_t wbytes = std::max<std::size_t>(options.warmup_bytes & ~std::size_t{3}, 4);
+
+  struct State {
+    std::optional<Link> link;
+    std::optional<PreparedQueuePair> prepared;
+    std::optional<MemoryRegion> mr; // the warm-up buffer, registered in this link's PD
+    bool done = false;
+    bool got_recv = false, got_send = false, recv_ok = false;
+    std::string last_failure;
+  };
+  std::optional<AlignedBuffer> buffer; // declared first: outlives the regions registered on it
+  std::vector<State> st(n);
+
+  auto name = [&](std::size_t i) {
+    return "link " + std::to_string(specs[i].id) + " to rank " + std::to_string(specs[i].peer);
+  };
+  auto with_link = [&](Error e, std::size_t i) {
+    std::string d = name(i);
+    if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
+    return e.with_detail(d);
+  };
+
+  // Checks of the specs, before touching any verbs object.
+  for (std::size_t i = 0; i < n; ++i) {
+    const LinkSpec& s = specs[i];
+    if (s.context == nullptr || s.pd == nullptr || !s.recipe || s.peer < 0 || s.peer == me || s.peer >= sc.size())
+      return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
+                              name(i) + ": a LinkSpec needs a context, a PD, a recipe and another rank as peer"));
+    const QpCapacities& c = s.recipe->requested_capacities();
+    if (s.context->platform() == Platform::apple) {
+      if (c.max_send_wr > max_depth_frames || c.max_recv_wr > max_depth_frames)
+        return fail(Error::make(Step::configure, ErrorKind::capacity,
+                                name(i) + ": queue depths are counted in 4 KiB frames on Thunderbolt; at most " +
+                                    std::to_string(max_depth_frames)));
+      if (frames_of(wbytes) > c.max_send_wr || frames_of(wbytes) > c.max_recv_wr)
+        return fail(Error::make(Step::configure, ErrorKind::capacity,
+                                name(i) + ": the warm-up message spans " + std::to_string(frames_of(wbytes)) +
+                                    " frames, more than the queue depth"));
+    }
+    for (std::size_t j = 0; j < i; ++j)
+      if (specs[j].peer == s.peer && specs[j].id == s.id)
+        return fail(Error::make(Step::configure, ErrorKind::invalid_argument, name(i) + " is listed twice"));
+  }
+
+  for (int attempt = 0; attempt < options.attempts; ++attempt) {
+    const auto a = static_cast<std::uint32_t>(attempt);
+    const auto setup_deadline = clock::now() + options.timeout;
+    // 1. A fresh CQ and QP (new QPN, new PSN) for every link not yet verified; old ones first.
+    for (std::size_t i = 0; i < n; ++i) {
+      State& s = st[i];
+      if (s.done) continue;
+      s.prepared.reset();
+      s.link.reset();
+      s.mr.reset();
+      s.got_recv = s.got_send = s.recv_ok = false;
+      const LinkSpec& sp = specs[i];
+      const QpCapacities& c = sp.recipe->requested_capacities();
+      const int entries =
+          options.cq_entries > 0 ? options.cq_entries : static_cast<int>(c.max_send_wr + c.max_recv_wr + 16);
+      auto cq = sp.context->create_cq(entries);
+      if (!cq) return fail(with_link(cq.error(), i));
+      auto prep = sp.recipe->prepare(*sp.pd, *cq);
+      if (!prep) return fail(with_link(prep.error(), i));
+      s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
+      s.link->device_.assign(sp.context->name());
+      s.link->cq_.emplace(std::move(*cq));
+      s.prepared.emplace(std::move(*prep));
+    }
+    if (!buffer) {
+      auto b = AlignedBuffer::allocate(2 * n * wbytes); // per link: [send | receive]
+      if (!b) return fail(b.error());
+      buffer.emplace(std::move(*b));
+    }
+    // 2. Endpoints both ways.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (st[i].done) continue;
+      const auto wire = st[i].prepared->endpoint().serialize();
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, wire, setup_deadline); !r)
+        return fail(r.error());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      State& s = st[i];
+      if (s.done) continue;
+      auto raw = mailbox.recv(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, setup_deadline);
+      if (!raw) return fail(raw.error());
+      auto remote = Endpoint::parse(*raw);
+      if (!remote) return fail(with_link(remote.error(), i));
+      auto qp = std::move(*s.prepared).connect(*remote);
+      s.prepared.reset();
+      if (!qp) return fail(with_link(qp.error(), i));
+      s.link->qp_.emplace(std::move(*qp));
+      // 3. One full-size receive for the peer's warm-up message.
+      auto mr = specs[i].pd->reg_mr(*buffer);
+      if (!mr) return fail(with_link(mr.error(), i));
+      s.mr.emplace(std::move(*mr));
+      auto sge = s.mr->sge((2 * i + 1) * wbytes, wbytes);
+      if (!sge) return fail(sge.error());
+      std::memset(buffer->data() + (2 * i + 1) * wbytes, 0, wbytes);
+      if (auto r = s.link->qp_->recv(1, *sge); !r) return fail(with_link(r.error(), i));
+    }
+    // 4. Receives-posted barrier: nobody sends before the peer's receive is there.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (st[i].done) continue;
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, {}, setup_deadline); !r)
+        return fail(r.error());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (st[i].done) continue;
+      if (auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, setup_deadline); !r)
+        return fail(r.error());
+    }
+    // 5. Full-size tagged sends, then one bounded wait for both completions of every link (the
+    //    links' waits overlap), probing the peers' side channels meanwhile.
+    for (std::size_t i = 0; i < n; ++i) {
+      State& s = st[i];
+      if (s.done) continue;
+      auto* words = reinterpret_cast<std::uint32_t*>(buffer->data() + 2 * i * wbytes);
+      for (std::size_t k = 0; k < wbytes / 4; ++k) words[k] = detail::warmup_word(k, specs[i].id, a, me);
+      auto sge = s.mr->sge(2 * i * wbytes, wbytes);
+      if (!sge) return fail(sge.error());
+      if (auto r = s.link->qp_->send(2, *sge); !r) return fail(with_link(r.error(), i));
+    }
+    const auto wait_deadline = clock::now() + options.warmup_wait;
+    for (;;) {
+      bool pending = false, progress = false;
+      for (std::size_t i = 0; i < n; ++i) {
+        State& s = st[i];
+        if (s.done || (s.got_recv && s.got_send)) continue;
+        WorkCompletion wc[4];
+        auto got = s.link->cq_->poll(wc);
+        if (!got) return fail(with_link(got.error(), i));
+        for (std::size_t k = 0; k < *got; ++k) {
+          progress = true;
+          if (wc[k].wr_id() == 2) s.got_send = true;
+          if (wc[k].wr_id() == 1) {
+            s.got_recv = true;
+            s.recv_ok = wc[k].byte_len() == wbytes;
+          }
+        }
+        if (!(s.got_recv && s.got_send)) pending = true;
+      }
+      if (!pending || clock::now() >= wait_deadline) break;
+      if (progress) continue;
+      std::size_t sleeper = n;
+      for (std::size_t i = 0; i < n; ++i) {
+        State& s = st[i];
+        if (s.done || (s.got_recv && s.got_send)) continue;
+        if (auto alive = sc.check_peer(specs[i].peer); !alive) return fail(with_link(alive.error(), i));
+        if (sleeper == n) sleeper = i;
+      }
+      // Sleep on one pending CQ for a slice; completions of the others are picked up next round.
+      WorkCompletion wc[4];
+      const auto slice = std::min(wait_deadline, clock::now() + options.liveness_interval);
+      auto got = st[sleeper].link->cq_->wait(wc, slice);
+      if (!got) {
+        if (got.error().is(ErrorKind::timeout)) continue;
+        return fail(with_link(got.error(), sleeper));
+      }
+      for (std::size_t k = 0; k < *got; ++k) {
+        if (wc[k].wr_id() == 2) st[sleeper].got_send = true;
+        if (wc[k].wr_id() == 1) {
+          st[sleeper].got_recv = true;
+          st[sleeper].recv_ok = wc[k].byte_len() == wbytes;
+        }
+      }
+    }
+    // 6. Check the received bytes, and exchange the outcomes: a link is good only when both
+    //    directions delivered, and both sides decide the same.
+    for (std::size_t i = 0; i < n; ++i) {
+      State& s = st[i];
+      if (s.done) continue;
+      if (s.got_recv && s.recv_ok) {
+        const auto* words = reinterpret_cast<const std::uint32_t*>(buffer->data() + (2 * i + 1) * wbytes);
+        for (std::size_t k = 0; k < wbytes / 4; ++k)
+          if (words[k] != detail::warmup_word(k, specs[i].id, a, specs[i].peer)) {
+            s.recv_ok = false;
+            break;
+          }
+      }
+      if (!s.got_send) s.last_failure = "the warm-up send never completed";
+      const std::byte ok{static_cast<unsigned char>(s.got_recv && s.recv_ok ? 1 : 0)};
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, std::span(&ok, 1),
+                                setup_deadline);
+          !r)
+        return fail(r.error());
+    }
+    bool all_done = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      State& s = st[i];
+      if (s.done) continue;
+      auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, setup_deadline);
+      if (!r) return fail(r.error());
+      const bool peer_got = r->size() == 1 && (*r)[0] == std::byte{1};
+      const bool mine = s.got_recv && s.recv_ok;
+      if (peer_got && mine) {
+        s.done = true;
+        s.link->attempts_ = attempt + 1;
+        s.mr.reset();
+        continue;
+      }
+      all_done = false;
+      std::string why;
+      if (!mine)
+        why = "rank " + std::to_string(specs[i].peer) + " -> rank " + std::to_string(me) +
+              (s.got_recv ? " delivered wrong bytes" : " delivered nothing");
+      if (!peer_got)
+        why += std::string(why.empty() ? "" : "; ") + "rank " + std::to_string(me) + " -> rank " +
+               std::to_string(specs[i].peer) + " delivered nothing";
+      s.last_failure = why;
+      if (options.on_retry) options.on_retry(specs[i].id, attempt + 1, why);
+    }
+    if (all_done) {
+      std::vector<Link> out;
+      out.reserve(n);
+      for (auto& s : st) out.push_back(std::move(*s.link));
+      return out;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!st[i].done) {
+      Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
+                            name(i) + ": warm-up failed " + std::to_string(options.attempts) +
+                                " times with a fresh QP each time (" + st[i].last_failure + ")");
+      e.on(specs[i].context->name(), specs[i].recipe->gid().port(), specs[i].recipe->gid().index())
+          .from(specs[i].context->platform());
+      return fail(e);
+    }
+  return fail(Error::make(Step::link_warmup, ErrorKind::invalid_argument, "no attempts allowed"));
+}
+
+TBVERBS_NAMESPACE_END
