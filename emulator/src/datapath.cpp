@@ -6,6 +6,7 @@
 // and copies the payload straight into the peer's address space. Nothing is ever
 // written outside a region that passed the key, bounds and access checks.
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -608,7 +609,13 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   // CQ lock and publish `tail` with release; the owner publishes `head` likewise.
   uint32_t head = s.head;
   uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);
-  if (ne <= 0 || head == tail) return 0;
+  if (ne <= 0) return 0;
+  if (head == tail) {
+    // The "hardware" is the peer process: a poller spinning on an empty CQ must
+    // not starve it when cores are scarce. Yielding is nearly free when idle.
+    sched_yield();
+    return 0;
+  }
   uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
   for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
   __atomic_store_n(&s.head, head + n, __ATOMIC_RELEASE);
