@@ -60,8 +60,7 @@ void expect(bool ok, const char* what) {
 // one TU, without the barrier, g++ -O2's type-based alias analysis does see both types and
 // (legitimately, it is undefined behaviour in ISO C++) drops or reorders the accesses: the
 // rdma-core inlines then read stale ops slots. Observed with g++ 12 -O2 while writing this test.
-template <class To, class From>
-To* as(From* p) {
+template <class To, class From> To* as(From* p) {
   static_assert(sizeof(To) == sizeof(From));
   To* q = reinterpret_cast<To*>(p);
 #if defined(__GNUC__)
@@ -165,8 +164,8 @@ TBV_NO_SANITIZE_FUNCTION void tbverbs_side_calls_library() {
   const int rc = qp->context->ops.post_send(qp, &wr, &bad);
   expect(rc == 0 && lib.wr_id == 0x5151 && lib.opcode == ::IBV_WR_RDMA_WRITE_WITH_IMM &&
              lib.flags == (::IBV_SEND_SIGNALED | ::IBV_SEND_SOLICITED) && lib.imm == 0x0a0b0c0d &&
-             lib.remote_addr == 0xfeed0000 && lib.rkey == 0x1234 && lib.num_sge == 1 &&
-             lib.lkey == 0x77 && lib.qp_num == 0xabc && bad == &second,
+             lib.remote_addr == 0xfeed0000 && lib.rkey == 0x1234 && lib.num_sge == 1 && lib.lkey == 0x77 &&
+             lib.qp_num == 0xabc && bad == &second,
          "ctx->ops.post_send (own layout) reaches rdma-core's slot; the library reads the WR");
 
   own::ibv_recv_wr recv[3]{};
@@ -178,13 +177,12 @@ TBV_NO_SANITIZE_FUNCTION void tbverbs_side_calls_library() {
 
   own::ibv_wc wc[2]{};
   const int n = cq->context->ops.poll_cq(cq, 2, wc);
-  expect(n == 2 && wc[0].wr_id == 100 && wc[1].wr_id == 101 &&
-             wc[0].status == own::IBV_WC_SUCCESS && wc[1].status == own::IBV_WC_WR_FLUSH_ERR &&
-             wc[1].opcode == own::IBV_WC_RECV_RDMA_WITH_IMM && wc[1].vendor_err == 0x99 &&
-             wc[1].byte_len == 1024 && wc[1].imm_data == 0xdeadbeef && wc[1].qp_num == 0x111 &&
-             wc[1].src_qp == 0x222 && wc[1].wc_flags == (own::IBV_WC_WITH_IMM | own::IBV_WC_GRH) &&
-             wc[1].pkey_index == 3 && wc[1].slid == 0x4455 && wc[1].sl == 6 &&
-             wc[1].dlid_path_bits == 7,
+  expect(n == 2 && wc[0].wr_id == 100 && wc[1].wr_id == 101 && wc[0].status == own::IBV_WC_SUCCESS &&
+             wc[1].status == own::IBV_WC_WR_FLUSH_ERR && wc[1].opcode == own::IBV_WC_RECV_RDMA_WITH_IMM &&
+             wc[1].vendor_err == 0x99 && wc[1].byte_len == 1024 && wc[1].imm_data == 0xdeadbeef &&
+             wc[1].qp_num == 0x111 && wc[1].src_qp == 0x222 &&
+             wc[1].wc_flags == (own::IBV_WC_WITH_IMM | own::IBV_WC_GRH) && wc[1].pkey_index == 3 &&
+             wc[1].slid == 0x4455 && wc[1].sl == 6 && wc[1].dlid_path_bits == 7,
          "ctx->ops.poll_cq reaches rdma-core's slot; the library's 2nd ibv_wc reads back whole");
 
   expect(cq->context->ops.req_notify_cq(cq, 1) == 0 && lib.solicited == 1,
@@ -219,10 +217,7 @@ int provider_req_notify_cq(::ibv_cq*, int solicited_only) {
   return 0;
 }
 
-template <class Slot, class Fn>
-Slot slot(Fn* fn) {
-  return reinterpret_cast<Slot>(fn);
-}
+template <class Slot, class Fn> Slot slot(Fn* fn) { return reinterpret_cast<Slot>(fn); }
 
 void rdma_core_inlines_call_provider() {
   own::ibv_context octx{};
@@ -251,8 +246,7 @@ void rdma_core_inlines_call_provider() {
   expect(::ibv_post_recv(qp, &rwr, &bad_recv) == 0 && provider_calls == 11,
          "rdma-core's inline ibv_post_recv calls the own-layout ops.post_recv");
   ::ibv_wc wc{};
-  expect(::ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == ::IBV_WC_REM_ACCESS_ERR &&
-             wc.qp_num == 0xdef,
+  expect(::ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == ::IBV_WC_REM_ACCESS_ERR && wc.qp_num == 0xdef,
          "rdma-core's inline ibv_poll_cq calls the own-layout ops.poll_cq");
   expect(::ibv_req_notify_cq(cq, 0) == 0 && provider_calls == 1011,
          "rdma-core's inline ibv_req_notify_cq calls the own-layout ops.req_notify_cq");

@@ -26,11 +26,11 @@ namespace own = tbverbs::detail::abi;
 #define TBV_PLATFORM_SIZE(T, n)
 #define TBV_PLATFORM_AT(T, M, n)
 #endif
-#define TBV_SIZE(T, n)                                                                            \
-  static_assert(sizeof(own::T) == (n), "sizeof " #T);                                             \
+#define TBV_SIZE(T, n)                                                                                       \
+  static_assert(sizeof(own::T) == (n), "sizeof " #T);                                                        \
   TBV_PLATFORM_SIZE(T, n)
-#define TBV_AT(T, M, n)                                                                           \
-  static_assert(offsetof(own::T, M) == (n), #T "." #M);                                           \
+#define TBV_AT(T, M, n)                                                                                      \
+  static_assert(offsetof(own::T, M) == (n), #T "." #M);                                                      \
   TBV_PLATFORM_AT(T, M, n)
 
 TBV_SIZE(ibv_device, 664)

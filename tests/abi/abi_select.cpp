@@ -155,8 +155,8 @@ int main() {
   attr.ah_attr.grh.dgid = gid;
   attr.ah_attr.grh.sgid_index = 1;
   attr.ah_attr.grh.hop_limit = 1;
-  const int mask = abi::IBV_QP_STATE | abi::IBV_QP_AV | abi::IBV_QP_PATH_MTU |
-                   abi::IBV_QP_DEST_QPN | abi::IBV_QP_RQ_PSN;
+  const int mask =
+      abi::IBV_QP_STATE | abi::IBV_QP_AV | abi::IBV_QP_PATH_MTU | abi::IBV_QP_DEST_QPN | abi::IBV_QP_RQ_PSN;
   expect(mask == 0x101181, "RTR mask");
   expect(attr.qp_access_flags == 3, "access flags");
 

@@ -25,6 +25,12 @@
 ///   (verbs.h uses anonymous types there, which ISO C++ does not allow in an anonymous union).
 #pragma once
 
+// abi.hpp re-exports the platform's names into the same namespace when it uses verbs.h, so the
+// two cannot meet in one translation unit (tests/abi compares them without abi.hpp).
+#if defined(TBVERBS_ABI_FROM_PLATFORM) && TBVERBS_ABI_FROM_PLATFORM
+#error "abi.hpp chose the platform's verbs.h: include tbverbs/detail/abi.hpp, not abi_own.hpp"
+#endif
+
 #include "../config.hpp"
 
 #include <cstddef>
@@ -352,7 +358,7 @@ struct ibv_context_ops {
   opaque_fn dealloc_mw;
   opaque_fn _compat_create_cq;
   int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc); // @88 (@96 in ibv_context)
-  int (*req_notify_cq)(ibv_cq* cq, int solicited_only);          // @96
+  int (*req_notify_cq)(ibv_cq* cq, int solicited_only);    // @96
   opaque_fn _compat_cq_event;
   opaque_fn _compat_resize_cq;
   opaque_fn _compat_destroy_cq;
@@ -380,7 +386,7 @@ struct ibv_context_ops {
 struct ibv_context {
   ibv_device* device;
   ibv_context_ops ops; // @8
-  int cmd_fd;           // @264
+  int cmd_fd;          // @264
   int async_fd;
   int num_comp_vectors;
   alignas(pthread_mutex_t) unsigned char mutex[sizeof(pthread_mutex_t)]; // @280
@@ -502,10 +508,10 @@ struct ibv_qp {
   ibv_cq* send_cq;
   ibv_cq* recv_cq;
   opaque::ibv_srq* srq;
-  std::uint32_t handle;  // @48
-  std::uint32_t qp_num;  // @52
-  ibv_qp_state state;    // @56
-  ibv_qp_type qp_type;   // @60
+  std::uint32_t handle;                                                  // @48
+  std::uint32_t qp_num;                                                  // @52
+  ibv_qp_state state;                                                    // @56
+  ibv_qp_type qp_type;                                                   // @60
   alignas(pthread_mutex_t) unsigned char mutex[sizeof(pthread_mutex_t)]; // @64
   alignas(pthread_cond_t) unsigned char cond[sizeof(pthread_cond_t)];    // @104
   std::uint32_t events_completed;                                        // @152
@@ -514,8 +520,8 @@ struct ibv_qp {
 /// 48 bytes.
 struct ibv_wc {
   std::uint64_t wr_id;
-  ibv_wc_status status;   // @8
-  ibv_wc_opcode opcode;   // @12
+  ibv_wc_status status; // @8
+  ibv_wc_opcode opcode; // @12
   std::uint32_t vendor_err;
   std::uint32_t byte_len; // @20
   union {
@@ -561,10 +567,10 @@ struct ibv_send_wr {
   };
 
   std::uint64_t wr_id;
-  ibv_send_wr* next;    // @8
-  ibv_sge* sg_list;     // @16
-  int num_sge;          // @24
-  ibv_wr_opcode opcode; // @28
+  ibv_send_wr* next;       // @8
+  ibv_sge* sg_list;        // @16
+  int num_sge;             // @24
+  ibv_wr_opcode opcode;    // @28
   unsigned int send_flags; // @32
   union {
     std::uint32_t imm_data;        // big-endian; for *_WITH_IMM
@@ -582,7 +588,7 @@ struct ibv_send_wr {
       std::uint32_t rkey;        // @64
     } atomic;
     struct {
-      opaque::ibv_ah* ah;         // @40
+      opaque::ibv_ah* ah;        // @40
       std::uint32_t remote_qpn;  // @48
       std::uint32_t remote_qkey; // @52
     } ud;
