@@ -101,7 +101,9 @@ template <std::size_t N> struct FixedString {
   FixedString(std::string_view s) noexcept { assign(s); } // NOLINT: implicit from text is the point
   void assign(std::string_view s) noexcept {
     const std::size_t n = std::min(s.size(), N - 1);
-    std::memcpy(data, s.data(), n);
+    // An empty view may have a null data(); memcpy with a null source is undefined even for
+    // zero bytes (UBSan aborts on it), and Error::make passes an empty detail by default.
+    if (n != 0) std::memcpy(data, s.data(), n);
     data[n] = '\0';
   }
   std::string_view view() const noexcept { return {data, std::strlen(data)}; }
@@ -196,7 +198,7 @@ struct Error {
     return *this;
   }
 
-  /// True when the error is `errno_value` (compare with <cerrno> names, never with numbers).
+  /// True when the error is `errno_value` (compare with \<cerrno\> names, never with numbers).
   bool is(int errno_value) const noexcept { return sys_errno == errno_value; }
   /// True when the error is of `k`.
   bool is(ErrorKind k) const noexcept { return kind == k; }
