@@ -52,7 +52,7 @@ inline constexpr std::string_view not_thunderbolt5 = "not Thunderbolt 5";
 struct DiagnosisRule {
   Platform platform = Platform::any;  ///< Provider family, or any.
   Step step = Step::any;              ///< Failed step, or any.
-  int sys_errno = -1;                 ///< errno (a <cerrno> name), 0 for "none", -1 for any.
+  int sys_errno = -1;                 ///< errno (a `<cerrno>` name), 0 for "none", -1 for any.
   ErrorKind kind{};                   ///< Error kind, or the zero value `ErrorKind{}` for any.
   int wc_status = -1;                 ///< Work-completion status (a `wc::` name), or -1 for any.
   std::string_view detail_contains{}; ///< A `fact::` that Error::detail must contain, or empty.
@@ -601,13 +601,13 @@ inline constexpr Diagnosis unsupported_macos{
 
 } // namespace diag
 
-/// Linux's kernel-internal ENOTSUPP (524), not in <cerrno>: the Linux thunderbolt_ibverbs driver
+/// Linux's kernel-internal ENOTSUPP (524), not in `<cerrno>`: the Linux thunderbolt_ibverbs driver
 /// returned it from RTR for RC (hellas-perftest). No macOS errno has this value.
 inline constexpr int kernel_enotsupp = 524;
 } // namespace detail
 
 /// The catalogue rows, most specific first. A row is found by `find_diagnosis`; the keys are the
-/// provider family, the failed step, the errno by its <cerrno> name, the error kind, the
+/// provider family, the failed step, the errno by its `<cerrno>` name, the error kind, the
 /// work-completion status and, rarely, a `fact::` in the error's detail.
 inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     // clang-format off

@@ -1,5 +1,5 @@
 /// @file errno_names.hpp
-/// Symbolic names of errno values, matched through <cerrno> macros so that the same table is
+/// Symbolic names of errno values, matched through `<cerrno>` macros so that the same table is
 /// right on macOS and Linux (ENODATA is 96 on one and 61 on the other).
 #pragma once
 
@@ -13,7 +13,7 @@ namespace detail {
 
 /// One errno value and its symbolic name.
 struct ErrnoName {
-  int value;              ///< The value on this platform (from the <cerrno> macro).
+  int value;              ///< The value on this platform (from the `<cerrno>` macro).
   std::string_view name;  ///< The macro's name, e.g. "ENODATA".
 };
 
@@ -23,7 +23,7 @@ struct ErrnoName {
 // the *other* system's meaning of a number seen in field logs (ENOSTR is Linux's 60, macOS's
 // ETIMEDOUT; EPFNOSUPPORT is Linux's 96, macOS's ENODATA) are listed so that a misread log
 // shows what the number means here.
-/// Every errno name tbverbs can print, in <cerrno> terms.
+/// Every errno name tbverbs can print, in `<cerrno>` terms.
 inline constexpr ErrnoName errno_names[] = {
     {EPERM, "EPERM"},
     {ENOENT, "ENOENT"},
