@@ -202,6 +202,22 @@ EMU_EXPORT int tbemu_fault_delay(const char* fabric, const char* host, uint32_t 
   return 0;
 }
 
+EMU_EXPORT int tbemu_fault_sticky_loss(const char* fabric, const char* host) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h;
+  if (int e = host_index(*f, host, &h)) return e;
+  Guard g(f->shm->lock);
+  ShmFault* ft = free_fault(f->shm);
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = h;
+  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultStickyLoss), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
 EMU_EXPORT int tbemu_fault_clear(const char* fabric) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
@@ -277,6 +293,8 @@ EMU_EXPORT const char* tbemu_describe(const char* fabric) {
         << " count=" << ft.count << " seen=" << ft.seen << " failed=" << ft.failed << "\n";
     else if (ft.kind == kFaultDropNext)
       o << "fault drop-next-qp host=" << host << "\n";
+    else if (ft.kind == kFaultStickyLoss)
+      o << "fault sticky-loss host=" << host << "\n";
     else if (ft.kind == kFaultDelay)
       o << "fault delay host=" << host << " usec=" << ft.delay_us << "\n";
   }

@@ -205,18 +205,26 @@ Tx try_send(EmuQp* q, SendOp& op) {
 
   // Consumes the peer's next posted receive.
   RecvEntry e;
+  bool empty = false;
   {
     Guard g(pv.qp->lock);
     if (pv.qp->qpn != pv.qpn || pv.qp->head == pv.qp->tail) {
-      if (!rc) {
-        complete_send(q, op, IBV_WC_SUCCESS);  // UC: no receive posted → lost
-        return Tx::Done;
-      }
-      return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
+      empty = true;
+    } else {
+      e = pv.qp->ring[pv.qp->head & (kRecvRing - 1)];
+      pv.qp->head++;
+      pv.qp->recv_frames -= std::min(pv.qp->recv_frames, e.frames);
     }
-    e = pv.qp->ring[pv.qp->head & (kRecvRing - 1)];
-    pv.qp->head++;
-    pv.qp->recv_frames -= std::min(pv.qp->recv_frames, e.frames);
+  }
+  if (empty) {  // (decided outside the peer's lock: fault checks take the fabric lock)
+    if (!rc) {
+      // UC: no receive posted → lost. With the sticky-loss fault (ds4's report on
+      // Apple's driver) the direction then stays dead.
+      if (fault_sticky_loss(f, q->ctx->host)) __atomic_store_n(&q->s->drop_tx, 1u, __ATOMIC_RELEASE);
+      complete_send(q, op, IBV_WC_SUCCESS);
+      return Tx::Done;
+    }
+    return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
   }
 
   ibv_wc rwc{};

@@ -119,7 +119,7 @@ struct ShmPort {
   uint32_t prefix;
 };
 
-enum FaultKind : uint32_t { kFaultNone = 0, kFaultFailCall = 1, kFaultDropNext = 2, kFaultDelay = 3 };
+enum FaultKind : uint32_t { kFaultNone = 0, kFaultFailCall = 1, kFaultDropNext = 2, kFaultDelay = 3, kFaultStickyLoss = 4 };
 
 struct ShmFault {
   uint32_t kind;
@@ -233,6 +233,7 @@ int port_of_gid(const Fabric& f, const ibv_gid& gid);
 // Returns the errno to fail this call with, or 0. `host` = -1 when unknown.
 int fault_check(Fabric& f, const char* verb, int host);
 uint32_t fault_delay_us(Fabric& f, int host);
+bool fault_sticky_loss(Fabric& f, int host);
 
 // Channel FIFO path for a completion channel id owned by pid.
 std::string channel_path(const Fabric& f, int32_t pid, uint32_t id);

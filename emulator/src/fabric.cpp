@@ -482,6 +482,15 @@ uint32_t fault_delay_us(Fabric& f, int host) {
   return d;
 }
 
+bool fault_sticky_loss(Fabric& f, int host) {
+  Shared* s = f.shm;
+  if (__atomic_load_n(&s->nfaults, __ATOMIC_ACQUIRE) == 0) return false;
+  Guard g(s->lock);
+  for (auto& ft : s->faults)
+    if (ft.kind == kFaultStickyLoss && (ft.host < 0 || ft.host == host)) return true;
+  return false;
+}
+
 std::string channel_path(const Fabric& f, int32_t pid, uint32_t id) {
   return f.state_dir + "/chan-" + std::to_string(pid) + "-" + std::to_string(id);
 }

@@ -198,6 +198,9 @@ int main(int argc, char** argv) {
   auto* fdelay = fault->add_subcommand("delay", "Delay delivery of sends posted on a host");
   fdelay->add_option("--usec", usec)->required();
   fdelay->add_option("--host", fhost);
+  auto* fsticky = fault->add_subcommand(
+      "sticky-loss", "A UC send meeting no posted receive kills that direction for good (Apple, as reported)");
+  fsticky->add_option("--host", fhost);
   auto* fclear = fault->add_subcommand("clear", "Remove every fault");
 
   int n = 10, seconds = 3600;
@@ -246,6 +249,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*fdelay) return check(tbemu_fault_delay(fab(), fhost.empty() ? nullptr : fhost.c_str(), usec));
+  if (*fsticky) return check(tbemu_fault_sticky_loss(fab(), fhost.empty() ? nullptr : fhost.c_str()));
   if (*fclear) return check(tbemu_fault_clear(fab()));
   if (*hold) return hold_qps(fabric, host, device, n, seconds, daemonize, pidfile);
   return 0;

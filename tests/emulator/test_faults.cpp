@@ -125,3 +125,30 @@ TEST_CASE("fault: an orphaned process holding QPs makes create_qp fail with EBUS
   CHECK(s.create_qp());
 }
 #endif
+
+TEST_CASE("fault: sticky loss - a UC send meeting no receive kills that direction", "[fault][sticky]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  REQUIRE(connect_pair(a, b));
+  REQUIRE(tbemu_fault_sticky_loss(f.p(), nullptr) == 0);
+  ibv_wc wc{};
+  // Receives posted first: delivered.
+  REQUIRE(post_recv(b, 1, 0, 64) == 0);
+  REQUIRE(post_send(a, 1, 0, 64) == 0);
+  REQUIRE(poll_one(b.cq, &wc));
+  REQUIRE(poll_one(a.cq, &wc));
+  // A send before the receive: lost, and a→b stays dead although receives are posted now.
+  REQUIRE(post_send(a, 2, 0, 64) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  REQUIRE(post_recv(b, 2, 0, 64) == 0);
+  REQUIRE(post_send(a, 3, 0, 64) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(quiet(b.cq));
+  // b→a is unaffected.
+  REQUIRE(post_recv(a, 4, 0, 64) == 0);
+  REQUIRE(post_send(b, 4, 0, 64) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.opcode == IBV_WC_RECV);
+}

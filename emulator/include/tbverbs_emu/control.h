@@ -43,6 +43,11 @@ int tbemu_fault_drop_next_qp(const char* fabric, const char* host);
 /* Delay delivery of every send posted on `host` (NULL = any) by `usec` microseconds. */
 int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec);
 
+/* Apple's driver as ds4 reported it: a UC send that meets an empty receive queue
+ * is lost and that direction then delivers nothing more (until faults are cleared
+ * or the QP is recreated). Applies to sends posted on `host` (NULL = any). */
+int tbemu_fault_sticky_loss(const char* fabric, const char* host);
+
 /* Removes every injected fault (drop flags on existing QPs included). */
 int tbemu_fault_clear(const char* fabric);
 
