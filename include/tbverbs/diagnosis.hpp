@@ -22,18 +22,18 @@ TBVERBS_NAMESPACE_BEGIN
 /// rows name statuses instead of numbers. Apple's header is assumed to use the same values
 /// (field-failures.md: unverified; no source lists which statuses Apple produces).
 namespace wc {
-inline constexpr int success = 0;             ///< IBV_WC_SUCCESS.
-inline constexpr int loc_len_err = 1;         ///< IBV_WC_LOC_LEN_ERR: message longer than the receive.
-inline constexpr int loc_qp_op_err = 2;       ///< IBV_WC_LOC_QP_OP_ERR: WR invalid for this QP.
-inline constexpr int loc_prot_err = 4;        ///< IBV_WC_LOC_PROT_ERR: lkey does not cover the buffer.
-inline constexpr int wr_flush_err = 5;        ///< IBV_WC_WR_FLUSH_ERR: QP in ERR flushed the WR.
-inline constexpr int loc_access_err = 8;      ///< IBV_WC_LOC_ACCESS_ERR: local access violation.
-inline constexpr int rem_access_err = 10;     ///< IBV_WC_REM_ACCESS_ERR: peer refused rkey/range.
-inline constexpr int rem_op_err = 11;         ///< IBV_WC_REM_OP_ERR: peer could not complete.
-inline constexpr int retry_exc_err = 12;      ///< IBV_WC_RETRY_EXC_ERR: transport retries exhausted.
-inline constexpr int rnr_retry_exc_err = 13;  ///< IBV_WC_RNR_RETRY_EXC_ERR: peer had no receive.
-inline constexpr int fatal_err = 19;          ///< IBV_WC_FATAL_ERR.
-inline constexpr int general_err = 21;        ///< IBV_WC_GENERAL_ERR.
+inline constexpr int success = 0;            ///< IBV_WC_SUCCESS.
+inline constexpr int loc_len_err = 1;        ///< IBV_WC_LOC_LEN_ERR: message longer than the receive.
+inline constexpr int loc_qp_op_err = 2;      ///< IBV_WC_LOC_QP_OP_ERR: WR invalid for this QP.
+inline constexpr int loc_prot_err = 4;       ///< IBV_WC_LOC_PROT_ERR: lkey does not cover the buffer.
+inline constexpr int wr_flush_err = 5;       ///< IBV_WC_WR_FLUSH_ERR: QP in ERR flushed the WR.
+inline constexpr int loc_access_err = 8;     ///< IBV_WC_LOC_ACCESS_ERR: local access violation.
+inline constexpr int rem_access_err = 10;    ///< IBV_WC_REM_ACCESS_ERR: peer refused rkey/range.
+inline constexpr int rem_op_err = 11;        ///< IBV_WC_REM_OP_ERR: peer could not complete.
+inline constexpr int retry_exc_err = 12;     ///< IBV_WC_RETRY_EXC_ERR: transport retries exhausted.
+inline constexpr int rnr_retry_exc_err = 13; ///< IBV_WC_RNR_RETRY_EXC_ERR: peer had no receive.
+inline constexpr int fatal_err = 19;         ///< IBV_WC_FATAL_ERR.
+inline constexpr int general_err = 21;       ///< IBV_WC_GENERAL_ERR.
 } // namespace wc
 
 /// Facts a producer that knows more than the verb told it (the device list, tbverbs-doctor)
@@ -155,8 +155,7 @@ inline constexpr Diagnosis no_device_linux{
     "ibverbs-providers`); in a container pass `--device=/dev/infiniband`."};
 
 inline constexpr Diagnosis no_device{
-    "no-device",
-    "The verbs library loaded but lists no RDMA device.",
+    "no-device", "The verbs library loaded but lists no RDMA device.",
     "macOS: `rdma_ctl status` (enable it from Recovery with `rdma_ctl enable`) and "
     "`system_profiler SPThunderboltDataType | grep Speed` (Thunderbolt 5 shows 80 Gb/s). Linux: "
     "`ibv_devices`, `rdma link`, `ls /dev/infiniband`, `sudo modprobe ib_uverbs`."};
@@ -175,8 +174,7 @@ inline constexpr Diagnosis device_not_found{
     "`TBVERBS_DEVICE`."};
 
 inline constexpr Diagnosis open_device_permission{
-    "open-device-permission",
-    "The process may not open /dev/infiniband/uverbsN.",
+    "open-device-permission", "The process may not open /dev/infiniband/uverbsN.",
     "Check `ls -l /dev/infiniband`; run as a user with access (often the `rdma` group) or fix the "
     "udev rule; in a container pass `--device=/dev/infiniband`."};
 
@@ -206,8 +204,7 @@ inline constexpr Diagnosis port_down_linux{
     "up`; InfiniBand: `sudo systemctl start opensm`."};
 
 inline constexpr Diagnosis port_down{
-    "port-not-active",
-    "The port is not PORT_ACTIVE, so PDs, QPs and connections on it fail.",
+    "port-not-active", "The port is not PORT_ACTIVE, so PDs, QPs and connections on it fail.",
     "`ibv_devinfo -d <dev> | grep state` must show PORT_ACTIVE (4) on both ends; check the cable "
     "and that the peer has RDMA enabled."};
 
@@ -244,8 +241,7 @@ inline constexpr Diagnosis reg_mr_einval{
     "for RDMA-write targets; check the device's capabilities with `ibv_devinfo -v`."};
 
 inline constexpr Diagnosis create_cq_too_large{
-    "create-cq-too-large",
-    "The CQ size was refused: cqe is larger than the device's max_cqe.",
+    "create-cq-too-large", "The CQ size was refused: cqe is larger than the device's max_cqe.",
     "Clamp cqe to `ibv_query_device().max_cqe` (`ibv_devinfo -v | grep max_cqe`; Apple's example "
     "uses 4095+1). Size the CQ for every outstanding signaled send plus every posted receive: an "
     "overrun loses completions and the poll loop then hangs."};
@@ -418,8 +414,7 @@ inline constexpr Diagnosis wc_len_frames{
     "Pair every send with one receive of identical size, in whole 4 KiB frames on both sides."};
 
 inline constexpr Diagnosis wc_len{
-    "wc-loc-len",
-    "The message was longer than the receive buffer posted for it (send/recv size mismatch).",
+    "wc-loc-len", "The message was longer than the receive buffer posted for it (send/recv size mismatch).",
     "Post receives at least as large as the largest send (on Thunderbolt: identical sizes)."};
 
 inline constexpr Diagnosis wc_prot{
@@ -466,8 +461,7 @@ inline constexpr Diagnosis wc_qp_op{
     "On Thunderbolt post IBV_WR_SEND only with max_inline_data 0; stay within the granted caps."};
 
 inline constexpr Diagnosis wc_failed{
-    "wc-error",
-    "A work completion failed; the QP is now in ERR and later work requests flush.",
+    "wc-error", "A work completion failed; the QP is now in ERR and later work requests flush.",
     "Report the first failure by its status name, destroy and recreate the QP and exchange "
     "endpoints again; never trust the opcode of a failed completion."};
 
@@ -536,14 +530,12 @@ inline constexpr Diagnosis no_ipv4_gid_macos{
     "down`; check with `ibv_devinfo -d rdma_enN -v | grep ffff`."};
 
 inline constexpr Diagnosis no_ipv4_gid_linux{
-    "no-ipv4-gid-linux",
-    "No GID carries an IPv4 address: the port's netdev has no IPv4 address.",
+    "no-ipv4-gid-linux", "No GID carries an IPv4 address: the port's netdev has no IPv4 address.",
     "`sudo ip addr add 10.0.0.1/24 dev <netdev>`; check with `show_gids` or `cat "
     "/sys/class/infiniband/<dev>/ports/1/gids/<i>`."};
 
 inline constexpr Diagnosis no_ipv4_gid{
-    "no-ipv4-gid",
-    "The port's GID table has no IPv4-mapped entry: its interface has no IPv4 address.",
+    "no-ipv4-gid", "The port's GID table has no IPv4-mapped entry: its interface has no IPv4 address.",
     "Assign an IPv4 address to the interface (macOS: `sudo ifconfig enN inet 169.254.10.1 netmask "
     "255.255.0.0 alias`; Linux: `sudo ip addr add 10.0.0.1/24 dev <netdev>`) and check "
     "`ibv_devinfo -d <dev> -v | grep ffff`."};
@@ -729,12 +721,9 @@ namespace detail {
 /// True when `r` matches `e`: every key of the rule is a wildcard or equal to the error's.
 constexpr bool rule_matches(const DiagnosisRule& r, const Error& e) noexcept {
   return (r.platform == Platform::any || r.platform == e.platform) &&
-         (r.step == Step::any || r.step == e.step) &&
-         (r.sys_errno == -1 || r.sys_errno == e.sys_errno) &&
-         (r.kind == ErrorKind{} || r.kind == e.kind) &&
-         (r.wc_status == -1 || r.wc_status == e.wc_status) &&
-         (r.detail_contains.empty() ||
-          e.detail.view().find(r.detail_contains) != std::string_view::npos);
+         (r.step == Step::any || r.step == e.step) && (r.sys_errno == -1 || r.sys_errno == e.sys_errno) &&
+         (r.kind == ErrorKind{} || r.kind == e.kind) && (r.wc_status == -1 || r.wc_status == e.wc_status) &&
+         (r.detail_contains.empty() || e.detail.view().find(r.detail_contains) != std::string_view::npos);
 }
 } // namespace detail
 
@@ -747,14 +736,30 @@ inline const Diagnosis* find_diagnosis(const Error& e) noexcept {
 constexpr std::string_view wc_status_name(int status) noexcept {
   // Values from rdma-core's enum ibv_wc_status; Apple's header is assumed to agree.
   constexpr std::string_view names[] = {
-      "IBV_WC_SUCCESS",           "IBV_WC_LOC_LEN_ERR",       "IBV_WC_LOC_QP_OP_ERR",
-      "IBV_WC_LOC_EEC_OP_ERR",    "IBV_WC_LOC_PROT_ERR",      "IBV_WC_WR_FLUSH_ERR",
-      "IBV_WC_MW_BIND_ERR",       "IBV_WC_BAD_RESP_ERR",      "IBV_WC_LOC_ACCESS_ERR",
-      "IBV_WC_REM_INV_REQ_ERR",   "IBV_WC_REM_ACCESS_ERR",    "IBV_WC_REM_OP_ERR",
-      "IBV_WC_RETRY_EXC_ERR",     "IBV_WC_RNR_RETRY_EXC_ERR", "IBV_WC_LOC_RDD_VIOL_ERR",
-      "IBV_WC_REM_INV_RD_REQ_ERR", "IBV_WC_REM_ABORT_ERR",    "IBV_WC_INV_EECN_ERR",
-      "IBV_WC_INV_EEC_STATE_ERR", "IBV_WC_FATAL_ERR",         "IBV_WC_RESP_TIMEOUT_ERR",
-      "IBV_WC_GENERAL_ERR",       "IBV_WC_TM_ERR",            "IBV_WC_TM_RNDV_INCOMPLETE",
+      "IBV_WC_SUCCESS",
+      "IBV_WC_LOC_LEN_ERR",
+      "IBV_WC_LOC_QP_OP_ERR",
+      "IBV_WC_LOC_EEC_OP_ERR",
+      "IBV_WC_LOC_PROT_ERR",
+      "IBV_WC_WR_FLUSH_ERR",
+      "IBV_WC_MW_BIND_ERR",
+      "IBV_WC_BAD_RESP_ERR",
+      "IBV_WC_LOC_ACCESS_ERR",
+      "IBV_WC_REM_INV_REQ_ERR",
+      "IBV_WC_REM_ACCESS_ERR",
+      "IBV_WC_REM_OP_ERR",
+      "IBV_WC_RETRY_EXC_ERR",
+      "IBV_WC_RNR_RETRY_EXC_ERR",
+      "IBV_WC_LOC_RDD_VIOL_ERR",
+      "IBV_WC_REM_INV_RD_REQ_ERR",
+      "IBV_WC_REM_ABORT_ERR",
+      "IBV_WC_INV_EECN_ERR",
+      "IBV_WC_INV_EEC_STATE_ERR",
+      "IBV_WC_FATAL_ERR",
+      "IBV_WC_RESP_TIMEOUT_ERR",
+      "IBV_WC_GENERAL_ERR",
+      "IBV_WC_TM_ERR",
+      "IBV_WC_TM_RNDV_INCOMPLETE",
   };
   if (status >= 0 && static_cast<std::size_t>(status) < std::size(names)) return names[status];
   return "IBV_WC_UNKNOWN_STATUS";
@@ -762,63 +767,114 @@ constexpr std::string_view wc_status_name(int status) noexcept {
 
 constexpr std::string_view step_name(Step s) noexcept {
   switch (s) {
-  case Step::any: return "any step";
-  case Step::load_library: return "load verbs library";
-  case Step::resolve_symbol: return "resolve verbs symbol";
-  case Step::get_device_list: return "ibv_get_device_list";
-  case Step::open_device: return "ibv_open_device";
-  case Step::query_device: return "ibv_query_device";
-  case Step::query_port: return "ibv_query_port";
-  case Step::query_gid: return "ibv_query_gid";
-  case Step::select_gid: return "select GID";
-  case Step::revalidate_gid: return "revalidate GID";
-  case Step::alloc_pd: return "ibv_alloc_pd";
-  case Step::reg_mr: return "ibv_reg_mr";
-  case Step::create_comp_channel: return "ibv_create_comp_channel";
-  case Step::create_cq: return "ibv_create_cq";
-  case Step::req_notify_cq: return "ibv_req_notify_cq";
-  case Step::get_cq_event: return "ibv_get_cq_event";
-  case Step::create_qp: return "ibv_create_qp";
-  case Step::query_qp: return "ibv_query_qp";
-  case Step::modify_qp_init: return "ibv_modify_qp(INIT)";
-  case Step::modify_qp_rtr: return "ibv_modify_qp(RTR)";
-  case Step::modify_qp_rts: return "ibv_modify_qp(RTS)";
-  case Step::post_send: return "ibv_post_send";
-  case Step::post_recv: return "ibv_post_recv";
-  case Step::poll_cq: return "ibv_poll_cq";
-  case Step::wait_cq: return "wait for completions";
-  case Step::destroy: return "teardown";
-  case Step::parse_endpoint: return "parse peer endpoint";
-  case Step::check_endpoint: return "check peer endpoint";
-  case Step::configure: return "configuration";
-  case Step::side_channel: return "side channel";
-  case Step::link_warmup: return "link warm-up";
-  case Step::collective: return "collective";
+  case Step::any:
+    return "any step";
+  case Step::load_library:
+    return "load verbs library";
+  case Step::resolve_symbol:
+    return "resolve verbs symbol";
+  case Step::get_device_list:
+    return "ibv_get_device_list";
+  case Step::open_device:
+    return "ibv_open_device";
+  case Step::query_device:
+    return "ibv_query_device";
+  case Step::query_port:
+    return "ibv_query_port";
+  case Step::query_gid:
+    return "ibv_query_gid";
+  case Step::select_gid:
+    return "select GID";
+  case Step::revalidate_gid:
+    return "revalidate GID";
+  case Step::alloc_pd:
+    return "ibv_alloc_pd";
+  case Step::reg_mr:
+    return "ibv_reg_mr";
+  case Step::create_comp_channel:
+    return "ibv_create_comp_channel";
+  case Step::create_cq:
+    return "ibv_create_cq";
+  case Step::req_notify_cq:
+    return "ibv_req_notify_cq";
+  case Step::get_cq_event:
+    return "ibv_get_cq_event";
+  case Step::create_qp:
+    return "ibv_create_qp";
+  case Step::query_qp:
+    return "ibv_query_qp";
+  case Step::modify_qp_init:
+    return "ibv_modify_qp(INIT)";
+  case Step::modify_qp_rtr:
+    return "ibv_modify_qp(RTR)";
+  case Step::modify_qp_rts:
+    return "ibv_modify_qp(RTS)";
+  case Step::post_send:
+    return "ibv_post_send";
+  case Step::post_recv:
+    return "ibv_post_recv";
+  case Step::poll_cq:
+    return "ibv_poll_cq";
+  case Step::wait_cq:
+    return "wait for completions";
+  case Step::destroy:
+    return "teardown";
+  case Step::parse_endpoint:
+    return "parse peer endpoint";
+  case Step::check_endpoint:
+    return "check peer endpoint";
+  case Step::configure:
+    return "configuration";
+  case Step::side_channel:
+    return "side channel";
+  case Step::link_warmup:
+    return "link warm-up";
+  case Step::collective:
+    return "collective";
   }
   return "unknown step";
 }
 
 constexpr std::string_view kind_name(ErrorKind k) noexcept {
   switch (k) {
-  case ErrorKind::verb_failed: return "verb failed";
-  case ErrorKind::library_not_found: return "verbs library not found";
-  case ErrorKind::symbol_missing: return "required verbs symbol missing";
-  case ErrorKind::no_device: return "no RDMA device";
-  case ErrorKind::device_not_found: return "device not found";
-  case ErrorKind::port_not_active: return "port not active";
-  case ErrorKind::no_ipv4_gid: return "no IPv4-mapped GID";
-  case ErrorKind::gid_not_found: return "no GID matches the address";
-  case ErrorKind::gid_index_invalid: return "GID index not usable";
-  case ErrorKind::gid_stale: return "GID entry changed since it was selected";
-  case ErrorKind::wc_error: return "work completion error";
-  case ErrorKind::timeout: return "deadline passed";
-  case ErrorKind::peer_lost: return "peer lost";
-  case ErrorKind::bad_frame: return "bad frame";
-  case ErrorKind::incompatible_peer: return "incompatible peer";
-  case ErrorKind::invalid_argument: return "invalid argument";
-  case ErrorKind::unsupported: return "unsupported";
-  case ErrorKind::capacity: return "capacity exceeded";
-  case ErrorKind::result_mismatch: return "result mismatch";
+  case ErrorKind::verb_failed:
+    return "verb failed";
+  case ErrorKind::library_not_found:
+    return "verbs library not found";
+  case ErrorKind::symbol_missing:
+    return "required verbs symbol missing";
+  case ErrorKind::no_device:
+    return "no RDMA device";
+  case ErrorKind::device_not_found:
+    return "device not found";
+  case ErrorKind::port_not_active:
+    return "port not active";
+  case ErrorKind::no_ipv4_gid:
+    return "no IPv4-mapped GID";
+  case ErrorKind::gid_not_found:
+    return "no GID matches the address";
+  case ErrorKind::gid_index_invalid:
+    return "GID index not usable";
+  case ErrorKind::gid_stale:
+    return "GID entry changed since it was selected";
+  case ErrorKind::wc_error:
+    return "work completion error";
+  case ErrorKind::timeout:
+    return "deadline passed";
+  case ErrorKind::peer_lost:
+    return "peer lost";
+  case ErrorKind::bad_frame:
+    return "bad frame";
+  case ErrorKind::incompatible_peer:
+    return "incompatible peer";
+  case ErrorKind::invalid_argument:
+    return "invalid argument";
+  case ErrorKind::unsupported:
+    return "unsupported";
+  case ErrorKind::capacity:
+    return "capacity exceeded";
+  case ErrorKind::result_mismatch:
+    return "result mismatch";
   }
   return "unknown error";
 }

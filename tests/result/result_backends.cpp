@@ -12,14 +12,14 @@ int passed = 0;
 int failed = 0;
 } // namespace
 
-#define RESULT_CHECK(cond)                                                                        \
-  do {                                                                                            \
-    if (cond) {                                                                                   \
-      ++passed;                                                                                   \
-    } else {                                                                                      \
-      ++failed;                                                                                   \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);                              \
-    }                                                                                             \
+#define RESULT_CHECK(cond)                                                                                   \
+  do {                                                                                                       \
+    if (cond) {                                                                                              \
+      ++passed;                                                                                              \
+    } else {                                                                                                 \
+      ++failed;                                                                                              \
+      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);                                          \
+    }                                                                                                        \
   } while (0)
 
 #include "result_checks.hpp"
@@ -31,8 +31,8 @@ int main() {
   const long lib_expected = 0;
 #endif
   std::printf("backend: %s (TBVERBS_EXPECTED_IS_STD=%d, __cpp_lib_expected=%ld, __cplusplus=%ld)\n",
-              TBVERBS_EXPECTED_IS_STD ? "std::expected" : "bundled", TBVERBS_EXPECTED_IS_STD,
-              lib_expected, static_cast<long>(__cplusplus));
+              TBVERBS_EXPECTED_IS_STD ? "std::expected" : "bundled", TBVERBS_EXPECTED_IS_STD, lib_expected,
+              static_cast<long>(__cplusplus));
 #if defined(RESULT_TEST_REQUIRE_STD)
   RESULT_CHECK(TBVERBS_EXPECTED_IS_STD == RESULT_TEST_REQUIRE_STD);
 #endif

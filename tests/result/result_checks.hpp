@@ -28,9 +28,7 @@ using tbverbs::ErrorKind;
 using tbverbs::Result;
 using tbverbs::Step;
 
-inline Error sample_error(int errno_value = EBUSY) {
-  return Error::from_errno(Step::create_qp, errno_value);
-}
+inline Error sample_error(int errno_value = EBUSY) { return Error::from_errno(Step::create_qp, errno_value); }
 
 inline Result<int> parse_positive(int v) {
   if (v <= 0) return tbverbs::fail(Error::make(Step::configure, ErrorKind::invalid_argument));
@@ -83,7 +81,7 @@ inline void check_value_form() {
   RESULT_CHECK(bad.error().step == Step::create_qp);
   RESULT_CHECK(bad.value_or(1) == 1);
 
-  const Result<int> cbad = bad;  // copy keeps the error
+  const Result<int> cbad = bad; // copy keeps the error
   RESULT_CHECK(!cbad.has_value());
   RESULT_CHECK(cbad.error().is(EBUSY));
 
@@ -109,7 +107,7 @@ inline void check_void_form() {
   Result<void> ok;
   RESULT_CHECK(ok.has_value());
   RESULT_CHECK(static_cast<bool>(ok));
-  ok.value();  // no-op on success, must compile
+  ok.value(); // no-op on success, must compile
 
   Result<void> bad = tbverbs::fail(sample_error(EINVAL));
   RESULT_CHECK(!bad.has_value());
@@ -169,8 +167,7 @@ inline void check_monadic() {
     e.on("rdma_en2", 1, 3);
     return tbverbs::fail(e);
   });
-  RESULT_CHECK(!rethrown && rethrown.error().device.view() == "rdma_en2" &&
-               rethrown.error().gid_index == 3);
+  RESULT_CHECK(!rethrown && rethrown.error().device.view() == "rdma_en2" && rethrown.error().gid_index == 3);
 
   // transform_error: maps the error type.
   auto te = parse_positive(-1).transform_error([](const Error& e) { return static_cast<int>(e.kind); });
@@ -253,9 +250,8 @@ inline void check_move_only() {
   RESULT_CHECK(*deref == 4);
   auto plus = Result<P>(std::make_unique<int>(5)).transform([](P p) { return *p + 1; });
   RESULT_CHECK(*plus == 6);
-  auto kept = Result<P>(std::make_unique<int>(6)).or_else([](Error e) -> Result<P> {
-    return tbverbs::fail(e);
-  });
+  auto kept =
+      Result<P>(std::make_unique<int>(6)).or_else([](Error e) -> Result<P> { return tbverbs::fail(e); });
   RESULT_CHECK(kept.has_value() && **kept == 6);
   auto err = Result<P>(tbverbs::fail(sample_error())).transform([](P p) { return *p; });
   RESULT_CHECK(!err && err.error().is(EBUSY));
@@ -283,7 +279,7 @@ struct Counted {
 
 /// A non-trivial T (std::string, and a type with a counted destructor).
 inline void check_non_trivial() {
-  const std::string long_text(200, 'x');  // beyond any small-string buffer
+  const std::string long_text(200, 'x'); // beyond any small-string buffer
   Result<std::string> s = long_text;
   RESULT_CHECK(*s == long_text);
   RESULT_CHECK(s->size() == 200);

@@ -56,9 +56,7 @@ std::string text_of(const Error& e) {
   return d ? std::string(d->cause) + "\n" + std::string(d->remedy) : std::string();
 }
 
-bool says(const Error& e, std::string_view words) {
-  return text_of(e).find(words) != std::string::npos;
-}
+bool says(const Error& e, std::string_view words) { return text_of(e).find(words) != std::string::npos; }
 
 constexpr Platform apple = Platform::apple;
 constexpr Platform linux_rc = Platform::rdma_core;
@@ -68,8 +66,7 @@ constexpr Platform any = Platform::any;
 
 // ---- the table itself --------------------------------------------------------------------
 
-TEST_CASE("catalogue: every row is reachable, so rows run specific to general",
-          "[diagnosis][catalogue]") {
+TEST_CASE("catalogue: every row is reachable, so rows run specific to general", "[diagnosis][catalogue]") {
   // The most general error a row accepts (its keys, wildcards kept as wildcards) must be
   // answered by that row, or by an earlier row with the same diagnosis (EOPNOTSUPP and ENOTSUP
   // are one value on Linux). Otherwise an earlier, more general row shadows it.
@@ -154,8 +151,8 @@ TEST_CASE("no device: distinct hints for RDMA disabled, not Thunderbolt 5, and L
     CHECK(says(e, "system_profiler SPThunderboltDataType | grep Speed"));
   }
   SECTION("Apple, rdma_ctl said disabled") {
-    const Error e = cond(apple, Step::get_device_list, ErrorKind::no_device,
-                         std::string(tbverbs::fact::rdma_disabled));
+    const Error e =
+        cond(apple, Step::get_device_list, ErrorKind::no_device, std::string(tbverbs::fact::rdma_disabled));
     CHECK(id_of(e) == "no-device-rdma-disabled");
     CHECK(says(e, "RDMA disabled (rdma_ctl)"));
     CHECK(says(e, "Recovery"));
@@ -163,8 +160,7 @@ TEST_CASE("no device: distinct hints for RDMA disabled, not Thunderbolt 5, and L
   }
   SECTION("Apple, the ports are not Thunderbolt 5") {
     const Error e = cond(apple, Step::get_device_list, ErrorKind::no_device,
-                         "system_profiler: " + std::string(tbverbs::fact::not_thunderbolt5) +
-                             " (40 Gb/s)");
+                         "system_profiler: " + std::string(tbverbs::fact::not_thunderbolt5) + " (40 Gb/s)");
     CHECK(id_of(e) == "no-device-not-thunderbolt5");
     CHECK(says(e, "Not Thunderbolt 5"));
     CHECK(says(e, "80 Gb/s"));
@@ -203,8 +199,7 @@ TEST_CASE("device name not found: N available, rdma_enN pairs with enN", "[diagn
   CHECK(id_of(verb(linux_rc, Step::open_device, EACCES)) == "open-device-permission");
 }
 
-TEST_CASE("library not found and symbol missing: macOS 26.2+ vs install rdma-core",
-          "[diagnosis][loader]") {
+TEST_CASE("library not found and symbol missing: macOS 26.2+ vs install rdma-core", "[diagnosis][loader]") {
   const Error mac = cond(apple, Step::load_library, ErrorKind::library_not_found);
   CHECK(id_of(mac) == "library-not-found-macos");
   CHECK(says(mac, "RDMA over Thunderbolt needs macOS 26.2+ (librdma.dylib)"));
@@ -229,8 +224,7 @@ TEST_CASE("library not found and symbol missing: macOS 26.2+ vs install rdma-cor
 
 // ---- row 3 and section 3 "inactive port" ---------------------------------------------------
 
-TEST_CASE("alloc_pd on Apple is a port that is down; port_not_active per platform",
-          "[diagnosis][port]") {
+TEST_CASE("alloc_pd on Apple is a port that is down; port_not_active per platform", "[diagnosis][port]") {
   for (int errno_value : {0, ENOMEM, EINVAL}) {
     const Error e = verb(apple, Step::alloc_pd, errno_value);
     INFO("errno " << errno_value);
@@ -238,7 +232,7 @@ TEST_CASE("alloc_pd on Apple is a port that is down; port_not_active per platfor
     CHECK(says(e, "`ibv_devinfo -d rdma_enN | grep state`"));
     CHECK(says(e, "PORT_ACTIVE (4) on both ends"));
   }
-  CHECK(id_of(verb(linux_rc, Step::alloc_pd, ENOMEM)) == "(none)");  // not Apple's port-down
+  CHECK(id_of(verb(linux_rc, Step::alloc_pd, ENOMEM)) == "(none)"); // not Apple's port-down
   const Error mac = cond(apple, Step::query_port, ErrorKind::port_not_active);
   CHECK(id_of(mac) == "port-not-active-macos");
   CHECK(says(mac, "pmset -a sleep 0"));
@@ -261,8 +255,7 @@ TEST_CASE("reg_mr ENOMEM on rdma-core is RLIMIT_MEMLOCK", "[diagnosis][mr]") {
   CHECK(says(verb(linux_rc, Step::create_qp, ENOMEM), "ulimit -l unlimited"));
 }
 
-TEST_CASE("reg_mr on Apple is the ~100 MR ceiling or alignment, never memlock",
-          "[diagnosis][mr]") {
+TEST_CASE("reg_mr on Apple is the ~100 MR ceiling or alignment, never memlock", "[diagnosis][mr]") {
   for (int errno_value : {0, ENOMEM, EINVAL}) {
     const Error e = verb(apple, Step::reg_mr, errno_value);
     INFO("errno " << errno_value);
@@ -281,14 +274,13 @@ TEST_CASE("create_cq EINVAL is cqe > max_cqe", "[diagnosis][cq]") {
     CHECK(id_of(e) == "create-cq-too-large");
     CHECK(says(e, "max_cqe"));
   }
-  CHECK(id_of(verb(apple, Step::create_cq, 0)) == "create-cq-too-large");  // Apple: plain NULL
+  CHECK(id_of(verb(apple, Step::create_cq, 0)) == "create-cq-too-large"); // Apple: plain NULL
   CHECK(id_of(verb(linux_rc, Step::create_cq, EBUSY)) == "(none)");
 }
 
 // ---- rows 7-10: queue pairs --------------------------------------------------------------
 
-TEST_CASE("create_qp EBUSY on Apple: the 10-QP cap or an orphaned holder; don't retry",
-          "[diagnosis][qp]") {
+TEST_CASE("create_qp EBUSY on Apple: the 10-QP cap or an orphaned holder; don't retry", "[diagnosis][qp]") {
   const Error e = verb(apple, Step::create_qp, EBUSY);
   CHECK(id_of(e) == "create-qp-ebusy-qp-cap");
   CHECK(says(e, "10 QPs per device"));
@@ -304,28 +296,25 @@ TEST_CASE("create_qp EBUSY on Apple: the 10-QP cap or an orphaned holder; don't 
   CHECK(id_of(verb(linux_rc, Step::create_qp, EBUSY)) == "(none)");
 }
 
-TEST_CASE("create_qp EOPNOTSUPP or ENOTSUP on Apple: UC only (both spellings, every OS)",
-          "[diagnosis][qp]") {
+TEST_CASE("create_qp EOPNOTSUPP or ENOTSUP on Apple: UC only (both spellings, every OS)", "[diagnosis][qp]") {
   // macOS: EOPNOTSUPP 102 and ENOTSUP 45 are two values; Linux: both are 95.
   for (int errno_value : {EOPNOTSUPP, ENOTSUP}) {
     INFO("errno " << errno_value);
     const Error e = verb(apple, Step::create_qp, errno_value);
     CHECK(id_of(e) == "qp-type-uc-only");
     CHECK(says(e, "IBV_QPT_UC"));
-    CHECK(id_of(Error::from_return(Step::modify_qp_rtr, -errno_value).from(apple)) ==
-          "qp-type-uc-only");
+    CHECK(id_of(Error::from_return(Step::modify_qp_rtr, -errno_value).from(apple)) == "qp-type-uc-only");
     CHECK(id_of(verb(linux_rc, Step::create_qp, errno_value)) == "create-qp-unsupported");
   }
   // The Linux thunderbolt_ibverbs driver's kernel-internal -ENOTSUPP at RTR (hellas).
-  CHECK(id_of(Error::from_return(Step::modify_qp_rtr, -tbverbs::detail::kernel_enotsupp)
-                  .from(linux_rc)) == "qp-type-uc-only");
+  CHECK(id_of(Error::from_return(Step::modify_qp_rtr, -tbverbs::detail::kernel_enotsupp).from(linux_rc)) ==
+        "qp-type-uc-only");
   CHECK(id_of(cond(apple, Step::create_qp, ErrorKind::unsupported)) == "qp-type-uc-only");
   CHECK(id_of(cond(apple, Step::check_endpoint, ErrorKind::unsupported)) == "unsupported-thunderbolt");
 }
 
-TEST_CASE("ENOMEM at create_qp or post on Apple: depth counted in 4 KiB frames",
-          "[diagnosis][qp]") {
-  const Error posted = Error::from_return(Step::post_recv, -12).from(apple);  // hellas#35
+TEST_CASE("ENOMEM at create_qp or post on Apple: depth counted in 4 KiB frames", "[diagnosis][qp]") {
+  const Error posted = Error::from_return(Step::post_recv, -12).from(apple); // hellas#35
   CHECK(id_of(posted) == "depth-in-4k-frames");
   CHECK(says(posted, "4095"));
   CHECK(says(posted, "ibv_query_qp"));
@@ -347,8 +336,8 @@ TEST_CASE("RTR EINVAL: no IPv4-mapped GID on Apple, GRH/MTU on rdma-core", "[dia
   CHECK(says(mac, "no IPv4-mapped GID"));
   CHECK(says(mac, "networksetup -setmanual"));
   CHECK(says(mac, "ifconfig enN inet 169.254.10.1 netmask 255.255.0.0 alias"));
-  CHECK(says(mac, "bridge0"));                                 // row 13
-  CHECK(says(mac, "sgid_index"));                              // row 12
+  CHECK(says(mac, "bridge0"));    // row 13
+  CHECK(says(mac, "sgid_index")); // row 12
   CHECK(says(mac, "`ibv_devinfo -d rdma_enN -v | grep ffff`"));
 
   const Error roce = Error::from_return(Step::modify_qp_rtr, EINVAL).from(linux_rc);
@@ -356,7 +345,7 @@ TEST_CASE("RTR EINVAL: no IPv4-mapped GID on Apple, GRH/MTU on rdma-core", "[dia
   CHECK(says(roce, "is_global"));
   CHECK(says(roce, "sgid_index"));
   CHECK(says(roce, "path_mtu > active_mtu"));
-  CHECK_FALSE(says(roce, "networksetup"));  // the Apple row must not answer rdma-core
+  CHECK_FALSE(says(roce, "networksetup")); // the Apple row must not answer rdma-core
 
   CHECK(id_of(Error::from_return(Step::modify_qp_rtr, EINVAL)) == "rtr-einval");
   // Other transitions have their own rows.
@@ -364,8 +353,7 @@ TEST_CASE("RTR EINVAL: no IPv4-mapped GID on Apple, GRH/MTU on rdma-core", "[dia
   CHECK(id_of(Error::from_return(Step::modify_qp_rts, EINVAL).from(apple)) == "rts-einval");
 }
 
-TEST_CASE("RTR ETIMEDOUT: dgid unreachable on this cable; RoCEv1/link-local on Linux",
-          "[diagnosis][rtr]") {
+TEST_CASE("RTR ETIMEDOUT: dgid unreachable on this cable; RoCEv1/link-local on Linux", "[diagnosis][rtr]") {
   const Error mac = Error::from_return(Step::modify_qp_rtr, ETIMEDOUT).from(apple);
   CHECK(id_of(mac) == "rtr-etimedout-unreachable-gid");
   CHECK(says(mac, "route get <peer-ip>"));
@@ -386,8 +374,7 @@ TEST_CASE("RTR ENODATA on Apple: after idle, or a stale or holey GID table", "[d
   CHECK(id_of(Error::from_return(Step::modify_qp_rtr, ENODATA).from(linux_rc)) == "rtr-enodata");
 }
 
-TEST_CASE("numbers copied from the other OS's logs do not match symbolic rows",
-          "[diagnosis][errno]") {
+TEST_CASE("numbers copied from the other OS's logs do not match symbolic rows", "[diagnosis][errno]") {
   // ENODATA is 96 on macOS and 61 on Linux; ETIMEDOUT 60 and 110; EOPNOTSUPP 102 and 95.
   const int foreign_enodata = ENODATA == 61 ? 96 : 61;
   const int foreign_etimedout = ETIMEDOUT == 110 ? 60 : 110;
@@ -398,8 +385,7 @@ TEST_CASE("numbers copied from the other OS's logs do not match symbolic rows",
         "rtr-etimedout-unreachable-gid");
   CHECK(id_of(verb(apple, Step::create_qp, foreign_eopnotsupp)) != "qp-type-uc-only");
   // The symbolic names always match, whatever their value here.
-  CHECK(id_of(Error::from_return(Step::modify_qp_rtr, ENODATA).from(apple)) ==
-        "rtr-enodata-stale-gid");
+  CHECK(id_of(Error::from_return(Step::modify_qp_rtr, ENODATA).from(apple)) == "rtr-enodata-stale-gid");
 }
 
 // ---- rows 17-24: completions, posting, polling ---------------------------------------------
@@ -443,12 +429,10 @@ TEST_CASE("failed work completions", "[diagnosis][wc]") {
   }
   SECTION("a status row never answers a verb failure with the same number") {
     Error e = Error::from_errno(Step::poll_cq, 0);
-    e.wc_status = wc::retry_exc_err;  // kind stays verb_failed
+    e.wc_status = wc::retry_exc_err; // kind stays verb_failed
     CHECK(id_of(e) == "poll-cq-failed");
   }
-  SECTION("a negative ibv_poll_cq return") {
-    CHECK(id_of(Error::from_poll(-EIO)) == "poll-cq-failed");
-  }
+  SECTION("a negative ibv_poll_cq return") { CHECK(id_of(Error::from_poll(-EIO)) == "poll-cq-failed"); }
 }
 
 // ---- section 3: timeout vs peer lost, warm-up, side channel ---------------------------------
@@ -456,16 +440,16 @@ TEST_CASE("failed work completions", "[diagnosis][wc]") {
 TEST_CASE("timeout and peer_lost are different diagnoses", "[diagnosis][peer]") {
   const Error waited = cond(apple, Step::wait_cq, ErrorKind::timeout);
   CHECK(id_of(waited) == "wait-timeout-thunderbolt");
-  CHECK(says(waited, "no error CQE"));                 // row 21
-  CHECK(says(waited, "receives posted"));              // row 17
-  CHECK(says(waited, "frame count"));                  // row 19
+  CHECK(says(waited, "no error CQE"));    // row 21
+  CHECK(says(waited, "receives posted")); // row 17
+  CHECK(says(waited, "frame count"));     // row 19
   CHECK(id_of(cond(linux_rc, Step::wait_cq, ErrorKind::timeout)) == "wait-timeout");
   const Error t = cond(any, Step::side_channel, ErrorKind::timeout);
   const Error lost = cond(any, Step::side_channel, ErrorKind::peer_lost);
   CHECK(id_of(t) == "timeout");
   CHECK(id_of(lost) == "peer-lost");
   CHECK(says(t, "may still be alive"));
-  CHECK(says(lost, "recv() returned 0"));             // row 25
+  CHECK(says(lost, "recv() returned 0")); // row 25
   CHECK(says(lost, "stale errno"));
   CHECK(id_of(cond(apple, Step::collective, ErrorKind::peer_lost)) == "peer-lost");
   CHECK(id_of(cond(apple, Step::link_warmup, ErrorKind::timeout)) == "link-warmup-failed");
@@ -483,8 +467,7 @@ TEST_CASE("side channel on macOS: one route for 169.254/16 (row 26)", "[diagnosi
 
 // ---- GIDs --------------------------------------------------------------------------------
 
-TEST_CASE("GID selection: no IPv4-mapped GID, stale, not found, bad operator index",
-          "[diagnosis][gid]") {
+TEST_CASE("GID selection: no IPv4-mapped GID, stale, not found, bad operator index", "[diagnosis][gid]") {
   const Error none = cond(apple, Step::select_gid, ErrorKind::no_ipv4_gid);
   CHECK(id_of(none) == "no-ipv4-gid-macos");
   CHECK(says(none, "only fe80::"));
@@ -505,8 +488,7 @@ TEST_CASE("GID selection: no IPv4-mapped GID, stale, not found, bad operator ind
 
 TEST_CASE("endpoints: bad frames and incompatible peers", "[diagnosis][endpoint]") {
   CHECK(id_of(cond(any, Step::parse_endpoint, ErrorKind::bad_frame)) == "bad-frame");
-  CHECK(id_of(cond(apple, Step::check_endpoint, ErrorKind::incompatible_peer)) ==
-        "incompatible-peer");
+  CHECK(id_of(cond(apple, Step::check_endpoint, ErrorKind::incompatible_peer)) == "incompatible-peer");
 }
 
 TEST_CASE("errors without a catalogue row have no diagnosis", "[diagnosis]") {

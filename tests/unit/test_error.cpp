@@ -50,8 +50,7 @@ TEST_CASE("from_errno: pointer-returning verbs report through errno", "[error][c
   }
 }
 
-TEST_CASE("from_return: modify_qp and post_* return the number, sign-normalised",
-          "[error][convention]") {
+TEST_CASE("from_return: modify_qp and post_* return the number, sign-normalised", "[error][convention]") {
   SECTION("positive errno as rdma-core returns it") {
     const Error e = Error::from_return(Step::modify_qp_rtr, EINVAL);
     CHECK(e.sys_errno == EINVAL);
@@ -60,7 +59,7 @@ TEST_CASE("from_return: modify_qp and post_* return the number, sign-normalised"
   SECTION("Apple's post_recv returned -12 (hellas#35): normalised to ENOMEM") {
     const Error e = Error::from_return(Step::post_recv, -12);
     CHECK(e.sys_errno == 12);
-    CHECK(e.sys_errno == ENOMEM);  // 12 on both macOS and Linux
+    CHECK(e.sys_errno == ENOMEM); // 12 on both macOS and Linux
     CHECK(e.is(ENOMEM));
     CHECK(contains(e.message(), "ENOMEM"));
   }
@@ -122,19 +121,17 @@ TEST_CASE("Error carries device, port, GID index, platform and detail", "[error]
   }
 }
 
-TEST_CASE("Error is a cheap value: trivially copyable, nothing formatted until asked",
-          "[error]") {
+TEST_CASE("Error is a cheap value: trivially copyable, nothing formatted until asked", "[error]") {
   STATIC_CHECK(std::is_trivially_copyable_v<Error>);
   STATIC_CHECK(std::is_nothrow_copy_constructible_v<Error>);
   const Error a = Error::from_errno(Step::create_qp, EBUSY).on("rdma_en2", 1);
-  Error b = a;  // a copy is a memcpy
+  Error b = a; // a copy is a memcpy
   CHECK(std::memcmp(&a, &b, sizeof a) == 0);
 }
 
 // ---- message() ---------------------------------------------------------------------------
 
-TEST_CASE("message(): step, errno name and number, context, detail, cause and remedy",
-          "[error][message]") {
+TEST_CASE("message(): step, errno name and number, context, detail, cause and remedy", "[error][message]") {
   Error e = Error::from_return(Step::modify_qp_rtr, EINVAL);
   e.on("rdma_en2", 1, 1).from(Platform::apple).with_detail("remote GID ::");
   const std::string m = e.message();
@@ -149,8 +146,7 @@ TEST_CASE("message(): step, errno name and number, context, detail, cause and re
   CHECK(contains(m, "\n  remedy: " + std::string(d->remedy)));
 }
 
-TEST_CASE("message() prints the platform's own number for a symbolic errno",
-          "[error][message]") {
+TEST_CASE("message() prints the platform's own number for a symbolic errno", "[error][message]") {
   // ENODATA is 96 on macOS and 61 on Linux; the message shows this platform's number.
   const Error e = Error::from_return(Step::modify_qp_rtr, ENODATA).from(Platform::apple);
   CHECK(contains(e.message(), "ENODATA (" + std::to_string(ENODATA) + ":"));
@@ -166,7 +162,8 @@ TEST_CASE("message() for a work completion names the status and wr_id", "[error]
 }
 
 TEST_CASE("message() for a condition names the kind", "[error][message]") {
-  Error e = Error::make(Step::get_device_list, ErrorKind::no_device, "the verbs library lists no RDMA device");
+  Error e =
+      Error::make(Step::get_device_list, ErrorKind::no_device, "the verbs library lists no RDMA device");
   e.sys_errno = ENOSYS;
   e.from(Platform::rdma_core);
   const std::string m = e.message();
@@ -185,8 +182,7 @@ TEST_CASE("message() without a diagnosis or with an unnamed errno", "[error][mes
 
 // ---- std::error_code -----------------------------------------------------------------------
 
-TEST_CASE("error_code(): generic category for an errno, tbverbs category otherwise",
-          "[error][error_code]") {
+TEST_CASE("error_code(): generic category for an errno, tbverbs category otherwise", "[error][error_code]") {
   SECTION("errno") {
     const std::error_code ec = Error::from_return(Step::modify_qp_rtr, EINVAL).error_code();
     CHECK(&ec.category() == &std::generic_category());
@@ -233,14 +229,39 @@ TEST_CASE("errno_name names every errno by its <cerrno> macro", "[error][names]"
   };
   // Every name the table lists, written out here by hand so that a typo in either shows.
   const Named all[] = {
-      {EPERM, "EPERM"}, {ENOENT, "ENOENT"}, {ESRCH, "ESRCH"}, {EINTR, "EINTR"}, {EIO, "EIO"},
-      {ENXIO, "ENXIO"}, {E2BIG, "E2BIG"}, {ENOEXEC, "ENOEXEC"}, {EBADF, "EBADF"},
-      {ECHILD, "ECHILD"}, {EAGAIN, "EAGAIN"}, {ENOMEM, "ENOMEM"}, {EACCES, "EACCES"},
-      {EFAULT, "EFAULT"}, {EBUSY, "EBUSY"}, {EEXIST, "EEXIST"}, {ENODEV, "ENODEV"},
-      {ENOTDIR, "ENOTDIR"}, {EISDIR, "EISDIR"}, {EINVAL, "EINVAL"}, {ENFILE, "ENFILE"},
-      {EMFILE, "EMFILE"}, {ENOSPC, "ENOSPC"}, {EROFS, "EROFS"}, {EPIPE, "EPIPE"}, {EDOM, "EDOM"},
-      {ERANGE, "ERANGE"}, {EDEADLK, "EDEADLK"}, {ENAMETOOLONG, "ENAMETOOLONG"},
-      {ENOSYS, "ENOSYS"}, {ELOOP, "ELOOP"}, {ENOMSG, "ENOMSG"}, {ENODATA, "ENODATA"},
+      {EPERM, "EPERM"},
+      {ENOENT, "ENOENT"},
+      {ESRCH, "ESRCH"},
+      {EINTR, "EINTR"},
+      {EIO, "EIO"},
+      {ENXIO, "ENXIO"},
+      {E2BIG, "E2BIG"},
+      {ENOEXEC, "ENOEXEC"},
+      {EBADF, "EBADF"},
+      {ECHILD, "ECHILD"},
+      {EAGAIN, "EAGAIN"},
+      {ENOMEM, "ENOMEM"},
+      {EACCES, "EACCES"},
+      {EFAULT, "EFAULT"},
+      {EBUSY, "EBUSY"},
+      {EEXIST, "EEXIST"},
+      {ENODEV, "ENODEV"},
+      {ENOTDIR, "ENOTDIR"},
+      {EISDIR, "EISDIR"},
+      {EINVAL, "EINVAL"},
+      {ENFILE, "ENFILE"},
+      {EMFILE, "EMFILE"},
+      {ENOSPC, "ENOSPC"},
+      {EROFS, "EROFS"},
+      {EPIPE, "EPIPE"},
+      {EDOM, "EDOM"},
+      {ERANGE, "ERANGE"},
+      {EDEADLK, "EDEADLK"},
+      {ENAMETOOLONG, "ENAMETOOLONG"},
+      {ENOSYS, "ENOSYS"},
+      {ELOOP, "ELOOP"},
+      {ENOMSG, "ENOMSG"},
+      {ENODATA, "ENODATA"},
 #ifdef ENOSTR
       {ENOSTR, "ENOSTR"},
 #endif
@@ -250,24 +271,44 @@ TEST_CASE("errno_name names every errno by its <cerrno> macro", "[error][names]"
 #ifdef ENOLINK
       {ENOLINK, "ENOLINK"},
 #endif
-      {EPROTO, "EPROTO"}, {EBADMSG, "EBADMSG"}, {EOVERFLOW, "EOVERFLOW"},
-      {ENOTSOCK, "ENOTSOCK"}, {EDESTADDRREQ, "EDESTADDRREQ"}, {EMSGSIZE, "EMSGSIZE"},
-      {EPROTOTYPE, "EPROTOTYPE"}, {ENOPROTOOPT, "ENOPROTOOPT"},
-      {EPROTONOSUPPORT, "EPROTONOSUPPORT"}, {EOPNOTSUPP, "EOPNOTSUPP"}, {ENOTSUP, "ENOTSUP"},
+      {EPROTO, "EPROTO"},
+      {EBADMSG, "EBADMSG"},
+      {EOVERFLOW, "EOVERFLOW"},
+      {ENOTSOCK, "ENOTSOCK"},
+      {EDESTADDRREQ, "EDESTADDRREQ"},
+      {EMSGSIZE, "EMSGSIZE"},
+      {EPROTOTYPE, "EPROTOTYPE"},
+      {ENOPROTOOPT, "ENOPROTOOPT"},
+      {EPROTONOSUPPORT, "EPROTONOSUPPORT"},
+      {EOPNOTSUPP, "EOPNOTSUPP"},
+      {ENOTSUP, "ENOTSUP"},
 #ifdef EPFNOSUPPORT
       {EPFNOSUPPORT, "EPFNOSUPPORT"},
 #endif
-      {EAFNOSUPPORT, "EAFNOSUPPORT"}, {EADDRINUSE, "EADDRINUSE"},
-      {EADDRNOTAVAIL, "EADDRNOTAVAIL"}, {ENETDOWN, "ENETDOWN"}, {ENETUNREACH, "ENETUNREACH"},
-      {ENETRESET, "ENETRESET"}, {ECONNABORTED, "ECONNABORTED"}, {ECONNRESET, "ECONNRESET"},
-      {ENOBUFS, "ENOBUFS"}, {EISCONN, "EISCONN"}, {ENOTCONN, "ENOTCONN"},
-      {ETIMEDOUT, "ETIMEDOUT"}, {ECONNREFUSED, "ECONNREFUSED"},
+      {EAFNOSUPPORT, "EAFNOSUPPORT"},
+      {EADDRINUSE, "EADDRINUSE"},
+      {EADDRNOTAVAIL, "EADDRNOTAVAIL"},
+      {ENETDOWN, "ENETDOWN"},
+      {ENETUNREACH, "ENETUNREACH"},
+      {ENETRESET, "ENETRESET"},
+      {ECONNABORTED, "ECONNABORTED"},
+      {ECONNRESET, "ECONNRESET"},
+      {ENOBUFS, "ENOBUFS"},
+      {EISCONN, "EISCONN"},
+      {ENOTCONN, "ENOTCONN"},
+      {ETIMEDOUT, "ETIMEDOUT"},
+      {ECONNREFUSED, "ECONNREFUSED"},
 #ifdef EHOSTDOWN
       {EHOSTDOWN, "EHOSTDOWN"},
 #endif
-      {EHOSTUNREACH, "EHOSTUNREACH"}, {EALREADY, "EALREADY"}, {EINPROGRESS, "EINPROGRESS"},
-      {ESTALE, "ESTALE"}, {ECANCELED, "ECANCELED"}, {EOWNERDEAD, "EOWNERDEAD"},
-      {ENOTRECOVERABLE, "ENOTRECOVERABLE"}, {tbverbs::detail::kernel_enotsupp, "ENOTSUPP"},
+      {EHOSTUNREACH, "EHOSTUNREACH"},
+      {EALREADY, "EALREADY"},
+      {EINPROGRESS, "EINPROGRESS"},
+      {ESTALE, "ESTALE"},
+      {ECANCELED, "ECANCELED"},
+      {EOWNERDEAD, "EOWNERDEAD"},
+      {ENOTRECOVERABLE, "ENOTRECOVERABLE"},
+      {tbverbs::detail::kernel_enotsupp, "ENOTSUPP"},
   };
   CHECK(std::size(all) == std::size(tbverbs::detail::errno_names));
   for (std::size_t i = 0; i < std::size(all); ++i) {
@@ -288,18 +329,17 @@ TEST_CASE("errno_name names every errno by its <cerrno> macro", "[error][names]"
   CHECK(errno_name(100000).empty());
 }
 
-TEST_CASE("errno_name: the same number names different errors on macOS and Linux",
-          "[error][names]") {
+TEST_CASE("errno_name: the same number names different errors on macOS and Linux", "[error][names]") {
   using tbverbs::detail::errno_name;
   CHECK(errno_name(ENODATA) == "ENODATA");
   CHECK(errno_name(ETIMEDOUT) == "ETIMEDOUT");
 #if defined(__linux__)
   CHECK(errno_name(61) == "ENODATA");
-  CHECK(errno_name(96) == "EPFNOSUPPORT");  // macOS's ENODATA
-  CHECK(errno_name(60) == "ENOSTR");        // macOS's ETIMEDOUT
+  CHECK(errno_name(96) == "EPFNOSUPPORT"); // macOS's ENODATA
+  CHECK(errno_name(60) == "ENOSTR");       // macOS's ETIMEDOUT
   CHECK(errno_name(110) == "ETIMEDOUT");
-  CHECK(errno_name(102) == "ENETRESET");    // macOS's EOPNOTSUPP
-  CHECK(errno_name(95) == "EOPNOTSUPP");    // == ENOTSUP on Linux
+  CHECK(errno_name(102) == "ENETRESET"); // macOS's EOPNOTSUPP
+  CHECK(errno_name(95) == "EOPNOTSUPP"); // == ENOTSUP on Linux
   CHECK(errno_name(ENOTSUP) == "EOPNOTSUPP");
 #elif defined(__APPLE__)
   CHECK(errno_name(96) == "ENODATA");
@@ -328,7 +368,8 @@ TEST_CASE("wc_status_name names every ibv_wc_status", "[error][names]") {
   CHECK(wc_status_name(24) == "IBV_WC_UNKNOWN_STATUS");
   CHECK(wc_status_name(-1) == "IBV_WC_UNKNOWN_STATUS");
   std::set<std::string_view> names;
-  for (int s = 0; s <= 23; ++s) names.insert(wc_status_name(s));
+  for (int s = 0; s <= 23; ++s)
+    names.insert(wc_status_name(s));
   CHECK(names.size() == 24);
 }
 

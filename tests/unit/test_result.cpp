@@ -13,8 +13,7 @@
 #include <string>
 #include <type_traits>
 
-TEST_CASE("Result backend agrees with __cpp_lib_expected and names the inline namespace",
-          "[result]") {
+TEST_CASE("Result backend agrees with __cpp_lib_expected and names the inline namespace", "[result]") {
   result_checks::check_backend();
 #if defined(TBVERBS_FORCE_BUNDLED_EXPECTED)
   STATIC_CHECK(TBVERBS_EXPECTED_IS_STD == 0);
@@ -27,9 +26,7 @@ TEST_CASE("Result backend agrees with __cpp_lib_expected and names the inline na
 
 TEST_CASE("Result<T> holds a value or an Error", "[result]") { result_checks::check_value_form(); }
 
-TEST_CASE("Result<void> is success by default or an Error", "[result]") {
-  result_checks::check_void_form();
-}
+TEST_CASE("Result<void> is success by default or an Error", "[result]") { result_checks::check_void_form(); }
 
 TEST_CASE("Result<T> and_then / transform / or_else / transform_error", "[result]") {
   result_checks::check_monadic();
@@ -49,8 +46,7 @@ TEST_CASE("Result of a move-only T (std::unique_ptr) moves and is not copyable",
   STATIC_CHECK(std::is_move_assignable_v<tbverbs::Result<std::unique_ptr<int>>>);
 }
 
-TEST_CASE("Result of a non-trivial T (std::string) constructs and destroys in balance",
-          "[result]") {
+TEST_CASE("Result of a non-trivial T (std::string) constructs and destroys in balance", "[result]") {
   result_checks::check_non_trivial();
   STATIC_CHECK(std::is_copy_constructible_v<tbverbs::Result<std::string>>);
 }

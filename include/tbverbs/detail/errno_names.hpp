@@ -13,8 +13,8 @@ namespace detail {
 
 /// One errno value and its symbolic name.
 struct ErrnoName {
-  int value;              ///< The value on this platform (from the `<cerrno>` macro).
-  std::string_view name;  ///< The macro's name, e.g. "ENODATA".
+  int value;             ///< The value on this platform (from the `<cerrno>` macro).
+  std::string_view name; ///< The macro's name, e.g. "ENODATA".
 };
 
 // A table rather than a switch: some names share a value on some systems
