@@ -498,6 +498,15 @@ inline constexpr Diagnosis side_channel_route_macos{
     "255.255.255.252`), route the peer through it (`sudo route change 192.168.10.2 -interface "
     "en2`), check `route get <peer-ip>`, and allow the port in the firewall."};
 
+inline constexpr Diagnosis side_channel_unreachable{
+    "side-channel-unreachable",
+    "The TCP side channel cannot reach the peer: no route to its address (on macOS one route for "
+    "169.254/16 goes through the primary interface), a firewall drops the port, or the address is "
+    "wrong.",
+    "Check the route with `route get <peer-ip>` (macOS; fix with `sudo route change <peer-ip> "
+    "-interface enN`) or `ip route get <peer-ip>` (Linux), give each cable its own subnet, and "
+    "allow the port in the firewall (`nc -vz <host> <port>`)."};
+
 inline constexpr Diagnosis side_channel_refused{
     "side-channel-refused",
     "Nothing listens at the coordinator's address and port (not started yet, or a wrong port).",
@@ -695,10 +704,14 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {.platform = Platform::apple, .step = Step::wait_cq, .kind = ErrorKind::timeout, .diagnosis = detail::diag::wait_timeout_macos},
     {                             .step = Step::wait_cq, .kind = ErrorKind::timeout, .diagnosis = detail::diag::wait_timeout},
     {                             .step = Step::link_warmup, .diagnosis = detail::diag::warmup_failed},
+    // A peer that is gone is peer_lost whatever errno the socket left (ETIMEDOUT, ECONNRESET).
+    {.kind = ErrorKind::peer_lost, .diagnosis = detail::diag::peer_lost},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_route_macos},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = EHOSTUNREACH, .diagnosis = detail::diag::side_channel_route_macos},
+    {                             .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_unreachable},
+    {                             .step = Step::side_channel, .sys_errno = EHOSTUNREACH, .diagnosis = detail::diag::side_channel_unreachable},
+    {                             .step = Step::side_channel, .sys_errno = ENETUNREACH,  .diagnosis = detail::diag::side_channel_unreachable},
     {                             .step = Step::side_channel, .sys_errno = ECONNREFUSED, .diagnosis = detail::diag::side_channel_refused},
-    {.kind = ErrorKind::peer_lost, .diagnosis = detail::diag::peer_lost},
     {.kind = ErrorKind::timeout,   .diagnosis = detail::diag::timeout},
 
     // GID selection (rows 11, 12, 15; section 3 "APIPA address changes", "stale GID index").
