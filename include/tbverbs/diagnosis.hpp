@@ -583,15 +583,29 @@ inline constexpr Diagnosis gid_index_invalid{
 
 inline constexpr Diagnosis bad_frame{
     "bad-frame",
-    "The peer's endpoint frame is truncated, corrupt, foreign (wrong magic) or from a newer "
-    "tbverbs version.",
-    "Run the same tbverbs version on every rank and check that the side-channel address reaches "
-    "this job's peer."};
+    "A peer's frame (an endpoint or a side-channel message) is truncated, corrupt, foreign (wrong "
+    "magic or job token: another program or job on that address) or from a newer tbverbs version.",
+    "Run the same tbverbs version on every rank, give each job its own coordinator port and job "
+    "token, and check that the side-channel address reaches this job's peer."};
 
 inline constexpr Diagnosis incompatible_peer{
     "incompatible-peer",
     "The peer's endpoint does not fit the local recipe: QP type, MTU or capabilities differ.",
     "Use the same QpRecipe preset on both ends (`QpRecipe::thunderbolt()` between Macs)."};
+
+inline constexpr Diagnosis capacity{
+    "capacity-exceeded",
+    "The request exceeds a driver or recipe capacity (on Thunderbolt: queue depth at most 4095 "
+    "frames of 4 KiB, 10 QPs per device, about 100 MRs per device).",
+    "Lower the requested depths or counts; read the granted caps back from the QueuePair, "
+    "sub-allocate buffers from one registered slab, and destroy QPs that are no longer used."};
+
+inline constexpr Diagnosis unsupported{
+    "unsupported",
+    "The provider lacks the feature: an optional verbs function is missing, or the device profile "
+    "does not allow the operation.",
+    "Check the device's capabilities with `ibv_devinfo -v`; on Thunderbolt use SEND/RECV over UC "
+    "(`QpRecipe::thunderbolt()`)."};
 
 inline constexpr Diagnosis unsupported_macos{
     "unsupported-thunderbolt",
@@ -703,7 +717,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     // Rows 17, 19, 21, 25, 26 and section 3: deadlines, peers, the side channel.
     {.platform = Platform::apple, .step = Step::wait_cq, .kind = ErrorKind::timeout, .diagnosis = detail::diag::wait_timeout_macos},
     {                             .step = Step::wait_cq, .kind = ErrorKind::timeout, .diagnosis = detail::diag::wait_timeout},
-    {                             .step = Step::link_warmup, .diagnosis = detail::diag::warmup_failed},
+    {                             .step = Step::link_warmup, .kind = ErrorKind::timeout,         .diagnosis = detail::diag::warmup_failed},
+    {                             .step = Step::link_warmup, .kind = ErrorKind::result_mismatch, .diagnosis = detail::diag::warmup_failed},
     // A peer that is gone is peer_lost whatever errno the socket left (ETIMEDOUT, ECONNRESET).
     {.kind = ErrorKind::peer_lost, .diagnosis = detail::diag::peer_lost},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_route_macos},
@@ -727,6 +742,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {.kind = ErrorKind::bad_frame,         .diagnosis = detail::diag::bad_frame},
     {.kind = ErrorKind::incompatible_peer, .diagnosis = detail::diag::incompatible_peer},
     {.platform = Platform::apple, .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported_macos},
+    {                             .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported},
+    {                             .kind = ErrorKind::capacity,    .diagnosis = detail::diag::capacity},
     // clang-format on
 };
 

@@ -501,7 +501,23 @@ TEST_CASE("GID selection: no IPv4-mapped GID, stale, not found, bad operator ind
 
 TEST_CASE("endpoints: bad frames and incompatible peers", "[diagnosis][endpoint]") {
   CHECK(id_of(cond(any, Step::parse_endpoint, ErrorKind::bad_frame)) == "bad-frame");
+  CHECK(id_of(cond(any, Step::side_channel, ErrorKind::bad_frame)) == "bad-frame");
+  // A foreign message during the warm-up is a bad frame, not a lost direction.
+  CHECK(id_of(cond(apple, Step::link_warmup, ErrorKind::bad_frame)) == "bad-frame");
+  CHECK(id_of(cond(apple, Step::link_warmup, ErrorKind::result_mismatch)) == "link-warmup-failed");
+  CHECK(id_of(cond(any, Step::link_warmup, ErrorKind::invalid_argument)) == "(none)");
   CHECK(id_of(cond(apple, Step::check_endpoint, ErrorKind::incompatible_peer)) == "incompatible-peer");
+}
+
+TEST_CASE("profile limits: capacity and unsupported features", "[diagnosis]") {
+  const Error depth =
+      cond(any, Step::configure, ErrorKind::capacity, "queue depths are counted in 4 KiB frames");
+  CHECK(id_of(depth) == "capacity-exceeded");
+  CHECK(says(depth, "4095"));
+  CHECK(id_of(cond(apple, Step::post_send, ErrorKind::unsupported)) == "unsupported-thunderbolt");
+  CHECK(says(cond(apple, Step::post_send, ErrorKind::unsupported),
+             "RDMA WRITE is accepted but never executes"));
+  CHECK(id_of(cond(linux_rc, Step::post_send, ErrorKind::unsupported)) == "unsupported");
 }
 
 TEST_CASE("errors without a catalogue row have no diagnosis", "[diagnosis]") {
