@@ -380,7 +380,10 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited) {
     if (!c.in_use) return;
     uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
     if (c.tail - head >= c.capacity) {
-      c.overflow = 1;  // CQ overrun: the completion is lost, as on hardware
+      // CQ overrun: the completion is lost, as on hardware. Say so once per CQ.
+      if (!c.overflow)
+        std::fprintf(stderr, "tbverbs-emu: CQ overrun (capacity %u): completions are being lost\n", c.capacity);
+      c.overflow = 1;
       return;
     }
     c.ring[c.tail & (kCqRing - 1)] = wc;
@@ -433,18 +436,16 @@ void qp_to_error(EmuQp* q) {
 bool any_pending() { return g_pending_count.load(std::memory_order_relaxed) > 0; }
 
 void progress_all() {
-  std::vector<EmuQp*> qs;
-  {
-    std::lock_guard<std::mutex> g(g_pending_mu);
-    qs = g_pending_qps;
-  }
-  for (EmuQp* q : qs) {
-    std::lock_guard<std::mutex> g(q->mu);
-    progress_locked(q);
-  }
+  // Held throughout so a QP cannot be destroyed (forget_pending) while it is progressed.
+  // Lock order: g_pending_mu → q->mu; post_send registers only after dropping q->mu.
   std::lock_guard<std::mutex> g(g_pending_mu);
   for (auto it = g_pending_qps.begin(); it != g_pending_qps.end();) {
-    if ((*it)->npending.load() == 0) {
+    EmuQp* q = *it;
+    {
+      std::lock_guard<std::mutex> gq(q->mu);
+      progress_locked(q);
+    }
+    if (q->npending.load() == 0) {
       it = g_pending_qps.erase(it);
       g_pending_count.fetch_sub(1);
     } else {
@@ -462,16 +463,29 @@ void forget_pending(EmuQp* q) {
   }
 }
 
+namespace {
+int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t delay, bool* deferred);
+}
+
 int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto* q = reinterpret_cast<EmuQp*>(qp);
   Fabric& f = *q->ctx->fab;
-  const bool tb = is_tb(q);
-  const bool rc = q->s->type == IBV_QPT_RC;
   if (int e = fault_check(f, "ibv_post_send", q->ctx->host)) {
     if (bad) *bad = wr;
     return e;
   }
   uint32_t delay = fault_delay_us(f, q->ctx->host);
+  bool deferred = false;
+  int rc_ret = post_send_locked(q, wr, bad, delay, &deferred);
+  if (deferred) add_pending_qp(q);  // after q->mu is released (lock order)
+  return rc_ret;
+}
+
+namespace {
+
+int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t delay, bool* deferred) {
+  const bool tb = is_tb(q);
+  const bool rc = q->s->type == IBV_QPT_RC;
   std::lock_guard<std::mutex> g(q->mu);
   if (!q->pending.empty()) progress_locked(q);
   for (; wr; wr = wr->next) {
@@ -549,10 +563,12 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (delay) op.not_before_ns = now_ns() + int64_t(delay) * 1000;
     q->pending.push_back(std::move(op));
     q->npending.fetch_add(1);
-    add_pending_qp(q);
+    *deferred = true;
   }
   return 0;
 }
+
+}  // namespace
 
 int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   auto* q = reinterpret_cast<EmuQp*>(qp);

@@ -28,6 +28,7 @@ struct EmuContext {
 struct EmuPd {
   ibv_pd pd;
   uint32_t id;
+  std::atomic<int> users{0};  // MRs and QPs: dealloc while in use is EBUSY, as in the kernel
 };
 
 struct EmuMr {
@@ -47,6 +48,7 @@ struct EmuCq {
   Fabric* fab;
   uint32_t slot;
   ShmCq* s;
+  std::atomic<int> users{0};  // QPs using it: destroy while in use is EBUSY
 };
 
 // A send work request that could not complete when posted (RC waiting for a

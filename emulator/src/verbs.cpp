@@ -358,7 +358,9 @@ EMU_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
 EMU_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   if (!pd) return EINVAL;
   if (int e = faulted(ectx(pd->context), "ibv_dealloc_pd")) return e;
-  delete reinterpret_cast<EmuPd*>(pd);
+  auto* p = reinterpret_cast<EmuPd*>(pd);
+  if (p->users.load() > 0) return EBUSY;  // MRs or QPs still use it
+  delete p;
   return 0;
 }
 
@@ -412,6 +414,7 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     m->slot = static_cast<uint32_t>(slot);
     m->mr.lkey = m->mr.rkey = x.key;
   }
+  reinterpret_cast<EmuPd*>(pd)->users.fetch_add(1);
   m->mr.context = pd->context;
   m->mr.pd = pd;
   m->mr.addr = addr;
@@ -438,6 +441,7 @@ EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
     Guard g(s->lock);
     if (s->mrs[m->slot].key == mr->lkey) __atomic_store_n(&s->mrs[m->slot].key, 0u, __ATOMIC_RELEASE);
   }
+  reinterpret_cast<EmuPd*>(mr->pd)->users.fetch_sub(1);
   delete m;
   return 0;
 }
@@ -565,6 +569,7 @@ EMU_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   if (!cq) return EINVAL;
   auto* q = reinterpret_cast<EmuCq*>(cq);
   if (int e = faulted(ectx(cq->context), "ibv_destroy_cq")) return e;
+  if (q->users.load() > 0) return EBUSY;  // QPs still use it
   {
     Guard g(q->s->lock);
     __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
@@ -731,6 +736,9 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
   q->ctx = c;
   q->scq = reinterpret_cast<EmuCq*>(init->send_cq);
   q->rcq = reinterpret_cast<EmuCq*>(init->recv_cq);
+  q->scq->users.fetch_add(1);
+  q->rcq->users.fetch_add(1);
+  reinterpret_cast<EmuPd*>(pd)->users.fetch_add(1);
   q->cap = cap;
   q->sq_sig_all = init->sq_sig_all != 0;
   q->attr.qp_state = IBV_QPS_RESET;
@@ -762,6 +770,9 @@ EMU_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     q->s->state = IBV_QPS_RESET;
     q->s->head = q->s->tail = 0;
   }
+  q->scq->users.fetch_sub(1);
+  q->rcq->users.fetch_sub(1);
+  reinterpret_cast<EmuPd*>(qp->pd)->users.fetch_sub(1);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
   delete q;
@@ -815,6 +826,8 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (!qp || !attr) return EINVAL;
   auto* q = reinterpret_cast<EmuQp*>(qp);
   if (int e = faulted(q->ctx, "ibv_modify_qp")) return e;
+  // Lock order is g_pending_mu → q->mu: leave the pending list before locking the QP.
+  if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) forget_pending(q);
   std::lock_guard<std::mutex> g0(q->mu);
   ShmQp* s = q->s;
   uint32_t cur = s->state;
@@ -823,7 +836,6 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   auto need = [&](int bits) { return (mask & bits) == bits; };
 
   if (next == IBV_QPS_RESET) {
-    forget_pending(q);
     q->pending.clear();
     q->npending = 0;
     Guard g(s->lock);

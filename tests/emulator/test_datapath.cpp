@@ -420,3 +420,35 @@ TEST_CASE("bad fabric file and unknown host give clear errors, not crashes", "[f
     CHECK(tbemu_set_ipv4(f.p(), "hostA", "rdma_en1", 1, "300.1.1.1") == EINVAL);
   }
 }
+
+TEST_CASE("a PD or CQ still in use cannot be destroyed (EBUSY), in order it can", "[lifetime]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1"));
+  CHECK(ibv_destroy_cq(s.cq) == EBUSY);
+  CHECK(ibv_dealloc_pd(s.pd) == EBUSY);
+  REQUIRE(ibv_destroy_qp(s.qp) == 0);
+  s.qp = nullptr;
+  CHECK(ibv_destroy_cq(s.cq) == 0);
+  s.cq = nullptr;
+  CHECK(ibv_dealloc_pd(s.pd) == EBUSY);  // the MR still uses it
+  REQUIRE(ibv_dereg_mr(s.mr) == 0);
+  s.mr = nullptr;
+  CHECK(ibv_dealloc_pd(s.pd) == 0);
+  s.pd = nullptr;
+}
+
+TEST_CASE("RC over an unreachable dgid (rc profile) connects, then sends fail with RETRY_EXC_ERR", "[rc][unreachable]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC));
+  REQUIRE(to_init(a.qp) == 0);
+  // hostC's address lives on the other cable: RoCE accepts RTR, the packets go nowhere.
+  REQUIRE(to_rtr(a.qp, b.qp->qp_num, make_v4_gid(10, 0, 1, 2), 1) == 0);
+  REQUIRE(to_rts(a.qp) == 0);
+  REQUIRE(post_send(a, 1, 0, 64) == 0);
+  ibv_wc wc{};
+  REQUIRE(poll_one(a.cq, &wc, 3000));
+  CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+}
