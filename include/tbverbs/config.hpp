@@ -18,6 +18,7 @@
 /// 1 when tbverbs::Result is std::expected, 0 when it is the bundled equivalent.
 #define TBVERBS_EXPECTED_IS_STD 1
 #else
+/// 1 when tbverbs::Result is std::expected, 0 when it is the bundled equivalent.
 #define TBVERBS_EXPECTED_IS_STD 0
 #endif
 
@@ -25,8 +26,10 @@
 // silently share one definition of a tbverbs type: the backend is part of the inline namespace,
 // so a mix fails to link instead of misbehaving.
 #if TBVERBS_EXPECTED_IS_STD
+/// The inline namespace of this build: version and Result backend.
 #define TBVERBS_ABI_NAMESPACE v0_1_std
 #else
+/// The inline namespace of this build: version and Result backend.
 #define TBVERBS_ABI_NAMESPACE v0_1_bundled
 #endif
 

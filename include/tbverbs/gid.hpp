@@ -32,7 +32,7 @@ public:
   constexpr Gid() = default;
   /// From 16 raw bytes, network order.
   constexpr explicit Gid(const std::array<std::uint8_t, 16>& raw) noexcept : raw_(raw) {}
-  /// The IPv4-mapped GID `::ffff:a.b.c.d`; `ipv4` in host order (0x0a000001 is 10.0.0.1).
+  /// The IPv4-mapped GID "::ffff:a.b.c.d"; `ipv4` in host order (0x0a000001 is 10.0.0.1).
   static constexpr Gid from_ipv4(std::uint32_t ipv4) noexcept {
     std::array<std::uint8_t, 16> r{};
     r[10] = 0xff;
@@ -64,7 +64,7 @@ public:
       if (b != 0) return false;
     return true;
   }
-  /// True for `::ffff:a.b.c.d`: the entry a Thunderbolt port publishes once its interface has
+  /// True for "::ffff:a.b.c.d": the entry a Thunderbolt port publishes once its interface has
   /// an IPv4 address, and the RoCE v2 IPv4 entry on rdma-core NICs.
   constexpr bool is_ipv4_mapped() const noexcept {
     for (int i = 0; i < 10; ++i)

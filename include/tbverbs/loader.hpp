@@ -66,6 +66,15 @@ template <class F> inline void assign(F& slot, void* p) noexcept {
   slot = reinterpret_cast<F>(p);
 }
 
+/// One verbs function to resolve: its name, rdma-core version node, whether it is required,
+/// and how to store it in the table.
+struct SymbolEntry {
+  const char* name;
+  const char* version;
+  bool required;
+  void (*set)(VerbsApi&, void*);
+};
+
 inline void* lookup(void* handle, const char* name, const char* version) noexcept {
 #if defined(__GLIBC__)
   // rdma-core versions its symbols; ask for the node the header was written against, as the
@@ -77,17 +86,13 @@ inline void* lookup(void* handle, const char* name, const char* version) noexcep
   return ::dlsym(handle, name);
 }
 
+/// Internal: one row of the symbol table (undefined again right after it).
+#define TBVERBS_SYM(field, ver, req)                                                              \
+  ::tbverbs::detail::SymbolEntry { "ibv_" #field, ver, req, [](VerbsApi& a, void* p) { assign(a.field, p); } }
+
 /// Resolves every symbol of `api` from `handle`; returns the first required symbol missing.
 inline Result<void> resolve_all(void* handle, VerbsApi& api) {
-  struct Entry {
-    const char* name;
-    const char* version;
-    bool required;
-    void (*set)(VerbsApi&, void*);
-  };
-#define TBVERBS_SYM(field, ver, req)                                                              \
-  Entry { "ibv_" #field, ver, req, [](VerbsApi& a, void* p) { assign(a.field, p); } }
-  static const Entry entries[] = {
+  static const SymbolEntry entries[] = {
       TBVERBS_SYM(get_device_list, "IBVERBS_1.1", true),
       TBVERBS_SYM(free_device_list, "IBVERBS_1.1", true),
       TBVERBS_SYM(get_device_name, "IBVERBS_1.1", true),
@@ -113,7 +118,7 @@ inline Result<void> resolve_all(void* handle, VerbsApi& api) {
       TBVERBS_SYM(ack_cq_events, "IBVERBS_1.1", false),
   };
 #undef TBVERBS_SYM
-  for (const Entry& e : entries) {
+  for (const SymbolEntry& e : entries) {
     void* p = lookup(handle, e.name, e.version);
     if (p == nullptr && e.required) {
       Error err = Error::make(Step::resolve_symbol, ErrorKind::symbol_missing);

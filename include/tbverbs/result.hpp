@@ -43,6 +43,7 @@ private:
   E error_;
 };
 
+/// Deduces unexpected<E> from the error value.
 template <class E> unexpected(E) -> unexpected<E>;
 
 template <class T, class E> class expected;
