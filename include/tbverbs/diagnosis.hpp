@@ -593,6 +593,15 @@ inline constexpr Diagnosis incompatible_peer{
     "The peer's endpoint does not fit the local recipe: QP type, MTU or capabilities differ.",
     "Use the same QpRecipe preset on both ends (`QpRecipe::thunderbolt()` between Macs)."};
 
+inline constexpr Diagnosis result_mismatch{
+    "result-mismatch",
+    "A verified result differs from the expected value: a completion was lost or misattributed (a "
+    "failed wc.status ignored, an overrun CQ, a receive paired with the wrong send), or the ranks "
+    "used different inputs.",
+    "Check every wc.status (tbverbs does), size the CQ for everything outstanding, pair each "
+    "receive with exactly one send of the same size, then rerun with identical inputs on all "
+    "ranks; recreate the links if it persists."};
+
 inline constexpr Diagnosis capacity{
     "capacity-exceeded",
     "The request exceeds a driver or recipe capacity (on Thunderbolt: queue depth at most 4095 "
@@ -744,6 +753,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {.platform = Platform::apple, .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported_macos},
     {                             .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported},
     {                             .kind = ErrorKind::capacity,    .diagnosis = detail::diag::capacity},
+    // Row 20: what an ignored completion status looks like from above.
+    {                             .kind = ErrorKind::result_mismatch, .diagnosis = detail::diag::result_mismatch},
     // clang-format on
 };
 

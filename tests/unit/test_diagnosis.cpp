@@ -518,10 +518,13 @@ TEST_CASE("profile limits: capacity and unsupported features", "[diagnosis]") {
   CHECK(says(cond(apple, Step::post_send, ErrorKind::unsupported),
              "RDMA WRITE is accepted but never executes"));
   CHECK(id_of(cond(linux_rc, Step::post_send, ErrorKind::unsupported)) == "unsupported");
+  const Error wrong = cond(any, Step::collective, ErrorKind::result_mismatch);
+  CHECK(id_of(wrong) == "result-mismatch");
+  CHECK(says(wrong, "wc.status")); // row 20: statuses that were never checked
 }
 
 TEST_CASE("errors without a catalogue row have no diagnosis", "[diagnosis]") {
   CHECK(tbverbs::find_diagnosis(verb(any, Step::query_gid, EIO)) == nullptr);
-  CHECK(tbverbs::find_diagnosis(cond(any, Step::collective, ErrorKind::result_mismatch)) == nullptr);
+  CHECK(tbverbs::find_diagnosis(cond(any, Step::configure, ErrorKind::invalid_argument)) == nullptr);
   CHECK(tbverbs::find_diagnosis(Error{}) == nullptr);
 }
