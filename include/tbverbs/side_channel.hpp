@@ -191,21 +191,35 @@ struct Frame {
   std::vector<std::byte> payload;    ///< Its payload.
 };
 
-/// The CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup table.
-inline constexpr auto crc32_table = [] {
-  std::array<std::uint32_t, 256> t{};
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup tables for slicing-by-8:
+/// table[0] is the classic byte table, table[k] advances a byte k positions further.
+inline constexpr auto crc32_tables = [] {
+  std::array<std::array<std::uint32_t, 256>, 8> t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
 }();
 
-/// CRC-32 of `data` (crc32("123456789") == 0xCBF43926).
+/// CRC-32 of `data` (crc32("123456789") == 0xCBF43926). Eight bytes per step (slicing-by-8,
+/// several times faster than a byte at a time: the side channel checksums up to 64 MiB frames).
 constexpr std::uint32_t crc32(std::span<const std::byte> data) noexcept {
+  const auto& t = crc32_tables;
   std::uint32_t c = 0xFFFFFFFFu;
-  for (std::byte b : data) c = crc32_table[(c ^ static_cast<std::uint32_t>(b)) & 0xFFu] ^ (c >> 8);
+  const std::byte* p = data.data();
+  std::size_t n = data.size();
+  auto u = [](std::byte b) { return static_cast<std::uint32_t>(b); };
+  for (; n >= 8; n -= 8, p += 8) {
+    const std::uint32_t lo = c ^ (u(p[0]) | u(p[1]) << 8 | u(p[2]) << 16 | u(p[3]) << 24);
+    const std::uint32_t hi = u(p[4]) | u(p[5]) << 8 | u(p[6]) << 16 | u(p[7]) << 24;
+    c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) c = t[0][(c ^ u(*p)) & 0xFFu] ^ (c >> 8);
   return ~c;
 }
 
@@ -751,10 +765,19 @@ struct State {
     return std::nullopt;
   }
 
-  /// The first queued frame of type `want` from `c`. For a collective, the first queued collective
-  /// frame must be of that type: another one means the ranks called collectives in different orders.
+  /// The first queued frame of type `want` from `c`, in stream order: an abort queued before it is
+  /// returned as an error (one queued after it is left for the next call). For a collective, the
+  /// first queued collective frame must be of that type: another one means the ranks called
+  /// collectives in different orders.
   Result<std::optional<Frame>> take(Conn& c, FrameType want) {
     for (auto it = c.inbox.begin(); it != c.inbox.end(); ++it) {
+      if (it->type == FrameType::abort) {
+        Error e = abort_error(c, *it);
+        last_from_abort = true;
+        c.inbox_bytes -= it->payload.size();
+        c.inbox.erase(it);
+        return fail(e);
+      }
       if (it->type == want) {
         Frame f = std::move(*it);
         c.inbox_bytes -= f.payload.size();
@@ -792,8 +815,9 @@ struct State {
     return std::move(w.out);
   }
 
-  /// Sends one frame to `c` before `dl`. While the socket is full it keeps reading from the same
-  /// peer, so two ranks sending large messages to each other at once cannot deadlock.
+  /// Sends one frame to `c` before `dl`. While the socket is full it keeps reading from every peer
+  /// into their queues, so ranks sending large messages to each other at once (a pair, or a whole
+  /// ring) cannot deadlock on full socket buffers.
   Result<void> send_frame(Conn& c, FrameType type, std::span<const std::byte> payload, SideChannelDeadline dl,
                           std::string_view op) {
     // A peer that sent a bad frame may still be told why it is dropped (an abort frame).
@@ -834,10 +858,19 @@ struct State {
       const int err = errno;
       if (err == EINTR) continue;
       if (err == EAGAIN || err == EWOULDBLOCK) {
-        pollfd p{c.fd.get(), POLLOUT | POLLIN, 0};
+        std::vector<pollfd> pfds{{c.fd.get(), POLLOUT | POLLIN, 0}};
+        std::vector<Conn*> others{&c};
+        for (auto& o : conns)
+          if (&o != &c && !o.dead()) {
+            pfds.push_back({o.fd.get(), POLLIN, 0});
+            others.push_back(&o);
+          }
         const int ms = poll_ms(dl);
-        const int rc = ::poll(&p, 1, ms);
+        const int rc = ::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), ms);
+        const pollfd& p = pfds[0];
         if (rc < 0 && errno == EINTR) continue;
+        for (std::size_t k = 1; rc > 0 && k < pfds.size(); ++k)
+          if (pfds[k].revents != 0) pump_conn(*others[k]);
         if (rc == 0 && ms == 0) {
           if (sent > 0) c.tx_broken = true;
           return fail(Error::make(Step::side_channel, ErrorKind::timeout,
@@ -876,7 +909,6 @@ struct State {
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         if (got[i]) continue;
         Conn& c = conns[static_cast<std::size_t>(ranks[i])];
-        if (auto e = take_abort(c)) return fail(*e);
         auto f = take(c, want);
         if (!f) return fail(f.error());
         if (*f) {

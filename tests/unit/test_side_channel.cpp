@@ -84,7 +84,7 @@ template <class Body> void run_ranks(int size, Body body, std::chrono::milliseco
   for (auto& d : done) d.get();
   for (int r = 0; r < size; ++r) {
     INFO("rank " << r);
-    CHECK(failures[static_cast<std::size_t>(r)].empty());
+    CHECK(failures[static_cast<std::size_t>(r)] == "");
   }
 }
 
