@@ -67,8 +67,7 @@ public:
   [[nodiscard]] Result<void> rdma_write(std::uint64_t wr_id, abi::ibv_sge sge, std::uint64_t remote_addr,
                                         std::uint32_t rkey, bool signaled = true) noexcept {
     if (!rdma_write_allowed_) [[unlikely]]
-      return fail(Error::make(Step::post_send, ErrorKind::unsupported,
-                              "RDMA WRITE is not executed by this provider profile (SEND/RECV only)"));
+      return fail(write_refused());
     abi::ibv_send_wr wr{};
     wr.wr_id = wr_id;
     wr.sg_list = &sge;
@@ -107,6 +106,12 @@ private:
     qp_ = owned_.get();
   }
 
+  // Stamped with the device and platform, so the catalogue's profile-limit row explains it.
+  [[gnu::noinline, gnu::cold]] Error write_refused() const noexcept {
+    Error e = Error::make(Step::post_send, ErrorKind::unsupported,
+                          "RDMA WRITE is not executed by this provider profile (SEND/RECV only)");
+    return info_->stamp(e);
+  }
   [[gnu::noinline, gnu::cold]] Error post_failed(Step step, int rc) const noexcept {
     Error e = Error::from_return(step, rc);
     info_->stamp(e);

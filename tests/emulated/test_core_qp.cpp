@@ -267,6 +267,10 @@ TEST_CASE("core/qp: rdma_write is refused on the Thunderbolt recipe and changes 
     CHECK(e.kind == tbverbs::ErrorKind::unsupported);
     CHECK(e.step == tbverbs::Step::post_send);
     CHECK_THAT(e.message(), ContainsSubstring("SEND/RECV only"));
+    CHECK(e.platform == tbverbs::Platform::apple);
+    CHECK(e.device.view() == "rdma_en1");
+    REQUIRE(e.diagnosis() != nullptr);
+    CHECK(e.diagnosis()->id == "unsupported-thunderbolt");
     // Nothing was posted: no completion, and the peer's memory is untouched.
     std::array<tbverbs::WorkCompletion, 2> wcs;
     CHECK(ok(a.cq.poll(wcs)) == 0);
