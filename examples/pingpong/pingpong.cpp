@@ -45,9 +45,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -229,6 +231,16 @@ bool matches(std::span<const std::byte> buf, std::uint64_t side, std::uint64_t s
 }
 
 constexpr std::uint64_t kFromClient = 1, kFromServer = 2;
+
+// Acknowledgements carry a count; written big-endian so that any two hosts agree on it.
+void put_be64(std::span<std::byte> out, std::uint64_t v) {
+  for (int i = 7; i >= 0; --i, v >>= 8) out[static_cast<std::size_t>(i)] = static_cast<std::byte>(v & 0xff);
+}
+std::uint64_t get_be64(std::span<const std::byte> in) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<std::uint64_t>(in[static_cast<std::size_t>(i)]);
+  return v;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Work request ids: what a completion is about. The high bits say which kind of message, the low
@@ -465,28 +477,29 @@ int run(Options o, bool server, int sock) {
 
   const auto t0 = Clock::now();
   if (server) {
-    std::uint64_t received = 0;
+    std::uint64_t data_received = 0;
     bool ack_in_flight = false; // the one ack buffer may be rewritten only after its send completed
     std::uint64_t ack_pending = 0; // a count waiting to be acknowledged
-    while (received < n || ack_in_flight || ack_pending != 0) {
+    while (data_received < n || ack_in_flight || ack_pending != 0) {
       for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_s)) {
         if (kind_of(wc.wr_id()) == ack_send) {
           ack_in_flight = false;
           continue;
         }
-        // Data: UC delivers in order on one QP, so this is message number `received`.
+        // Data: one QP delivers in order, so this is message number `data_received`.
         const std::uint32_t slot = slot_of(wc.wr_id());
-        if (wc.byte_len() != o.bw_size || !matches(bytes(l.data + slot * data_stride, o.bw_size), kFromClient, received))
-          die("data message " + std::to_string(received) + " arrived corrupted");
-        ++received;
+        if (wc.byte_len() != o.bw_size ||
+            !matches(bytes(l.data + slot * data_stride, o.bw_size), kFromClient, data_received))
+          die("data message " + std::to_string(data_received) + " arrived corrupted");
+        ++data_received;
         if (posted < n) { // reuse the slot for a later message, before acknowledging this one
           check(qp.recv(wr_id(data_recv, slot), sge(l.data + slot * data_stride, o.bw_size)));
           ++posted;
         }
-        if (received % flow.window() == 0 || received == n) ack_pending = received;
+        if (data_received % flow.window() == 0 || data_received == n) ack_pending = data_received;
       }
       if (ack_pending != 0 && !ack_in_flight) {
-        std::memcpy(bytes(l.ack_tx, kAckSize).data(), &ack_pending, kAckSize);
+        put_be64(bytes(l.ack_tx, kAckSize), ack_pending);
         check(qp.send(wr_id(ack_send, 0), sge(l.ack_tx, kAckSize)));
         ack_pending = 0;
         ack_in_flight = true;
@@ -498,7 +511,7 @@ int run(Options o, bool server, int sock) {
                   static_cast<unsigned long long>(n), o.bw_size, static_cast<double>(n * o.bw_size) / s / 1e6);
     say(line);
   } else {
-    std::uint64_t sent = 0, send_done = 0, acked = 0, acks_seen = 0;
+    std::uint64_t sent = 0, send_done = 0, acked = 0;
     // Done when every message is acknowledged and every send buffer is ours again.
     while (acked < n || send_done < sent) {
       // Send while the server has receives posted for us (credits) and a slot is free.
@@ -514,12 +527,10 @@ int run(Options o, bool server, int sock) {
           continue;
         }
         const std::uint32_t slot = slot_of(wc.wr_id());
-        std::uint64_t count = 0;
         if (wc.byte_len() != kAckSize) die("malformed acknowledgement");
-        std::memcpy(&count, bytes(l.ack_rx + slot * 64, kAckSize).data(), kAckSize);
+        const std::uint64_t count = get_be64(bytes(l.ack_rx + slot * 64, kAckSize));
         if (count < acked || count > sent) die("acknowledgement out of order: " + std::to_string(count));
         acked = count;
-        ++acks_seen;
         if (posted < acks) {
           check(qp.recv(wr_id(ack_recv, slot), sge(l.ack_rx + slot * 64, kAckSize)));
           ++posted;
@@ -534,7 +545,6 @@ int run(Options o, bool server, int sock) {
                   static_cast<unsigned long long>(n), o.bw_size, s, static_cast<double>(n * o.bw_size) / s / 1e6,
                   static_cast<double>(n) / s, static_cast<int>(flow.depth));
     say(line);
-    (void)acks_seen;
   }
 
   // A last barrier so neither side tears down its QP while the other still expects a message.
