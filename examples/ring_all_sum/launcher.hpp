@@ -1,0 +1,283 @@
+// `--local N`: an emulated Thunderbolt ring of N hosts in a temporary directory, and N ranks of
+// this program started on it (fork + exec of ourselves with the rank's environment), their output
+// prefixed and their exit codes collected. Linux only (the emulator is).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ring {
+
+/// The fabric of an N-host ring: each host has rdma_en1 (to its left neighbour) and rdma_en2 (to
+/// its right one); cable i joins host i's rdma_en2 and host i+1's rdma_en1, with 10.99.i.1/30 and
+/// 10.99.i.2/30 on its two ends.
+inline nlohmann::json ring_fabric(int n) {
+  nlohmann::json hosts = nlohmann::json::array(), cables = nlohmann::json::array();
+  auto ip = [](int cable, int end) { return "10.99." + std::to_string(cable) + "." + std::to_string(end) + "/30"; };
+  for (int h = 0; h < n; ++h) {
+    const int left_cable = (h + n - 1) % n;
+    hosts.push_back({{"name", "host" + std::to_string(h)},
+                     {"devices",
+                      {{{"name", "rdma_en1"}, {"ports", {{{"port", 1}, {"ipv4", ip(left_cable, 2)}}}}},
+                       {{"name", "rdma_en2"}, {"ports", {{{"port", 1}, {"ipv4", ip(h, 1)}}}}}}}});
+  }
+  for (int c = 0; c < n; ++c)
+    cables.push_back({"host" + std::to_string(c) + ":rdma_en2:1", "host" + std::to_string((c + 1) % n) + ":rdma_en1:1"});
+  return {{"profile", "thunderbolt"}, {"hosts", hosts}, {"cables", cables}};
+}
+
+/// The JACCL-style device file of that ring: entry [i][j] names rank i's device toward rank j,
+/// null on the diagonal and between non-neighbours. With two ranks the two cables join the same
+/// pair, so the entry lists both: the right link's device first, the left link's last.
+inline nlohmann::json ring_devices(int n) {
+  nlohmann::json m = nlohmann::json::array();
+  for (int i = 0; i < n; ++i) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int j = 0; j < n; ++j) {
+      if (i == j) row.push_back(nullptr);
+      else if (n == 2) row.push_back({"rdma_en2", "rdma_en1"});
+      else if (j == (i + 1) % n) row.push_back("rdma_en2");
+      else if (j == (i + n - 1) % n) row.push_back("rdma_en1");
+      else row.push_back(nullptr);
+    }
+    m.push_back(row);
+  }
+  return m;
+}
+
+/// A free TCP port on the loopback interface (for the coordinator of a local run).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+struct LocalOptions {
+  int ranks = 4;
+  std::string self;                 // path of this program
+  std::vector<std::string> args;    // arguments for the ranks (without --local)
+  std::string emu_library;          // the emulated verbs library
+  std::string fabric;               // an existing fabric file (kept, state not reset); empty = generate
+  std::chrono::milliseconds timeout{30000};
+  int kill_rank = -1;               // SIGKILL this rank ...
+  std::chrono::milliseconds kill_after{0};  // ... this long after the start
+  bool keep = false;                // keep the temporary directory
+};
+
+struct RankProcess {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+  double exit_s = 0;
+};
+
+/// Starts the ranks and waits for them. Returns the exit code of the launcher: 0 when every rank
+/// exited 0, 1 otherwise (with a line per failed rank).
+inline int run_local(const LocalOptions& o) {
+  namespace fs = std::filesystem;
+  using clock = std::chrono::steady_clock;
+  const int n = o.ranks;
+  if (n < 1 || n > 64) {
+    std::fprintf(stderr, "--local: the number of ranks must be 1..64\n");
+    return 2;
+  }
+  char tmpl[] = "/tmp/tbverbs-ring-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 2;
+  }
+  const fs::path dir = tmpl;
+  // The emulator's shared state (every QP's receive ring, every CQ) belongs in memory, not on a
+  // disk-backed /tmp: /dev/shm when there is one.
+  std::string state_dir = (dir / "state").string();
+  char shm_tmpl[] = "/dev/shm/tbverbs-ring-XXXXXX";
+  if (::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm_tmpl) != nullptr) state_dir = shm_tmpl;
+  std::string fabric = o.fabric;
+  if (fabric.empty()) {
+    fabric = (dir / "fabric.json").string();
+    std::ofstream(fabric) << ring_fabric(n).dump(2) << "\n";
+  }
+  const std::string devices = (dir / "devices.json").string();
+  std::ofstream(devices) << ring_devices(n).dump() << "\n";
+  const int port = free_port();
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  std::printf("local ring of %d emulated hosts: fabric %s, devices %s, coordinator %s\n", n, fabric.c_str(),
+              devices.c_str(), coordinator.c_str());
+  std::fflush(stdout);
+
+  std::vector<RankProcess> ranks(static_cast<std::size_t>(n));
+  const auto start = clock::now();
+  for (int i = 0; i < n; ++i) {
+    int p[2];
+    if (::pipe(p) != 0) {
+      std::perror("pipe");
+      return 2;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 2;
+    }
+    if (pid == 0) {
+#if defined(__linux__)
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned rank holding QPs if the launcher dies
+#endif
+      ::dup2(p[1], 1);
+      ::dup2(p[1], 2);
+      ::close(p[0]);
+      ::close(p[1]);
+      ::setenv("TBVERBS_LIBRARY", o.emu_library.c_str(), 1);
+      ::setenv("TBVERBS_EMU_FABRIC", fabric.c_str(), 1);
+      ::setenv("TBVERBS_EMU_HOST", ("host" + std::to_string(i)).c_str(), 1);
+      if (o.fabric.empty()) ::setenv("TBVERBS_EMU_STATE_DIR", state_dir.c_str(), 1);
+      ::setenv("JACCL_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("JACCL_COORDINATOR", coordinator.c_str(), 1);
+      ::setenv("JACCL_IBV_DEVICES", devices.c_str(), 1);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(o.self.c_str()));
+      for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(o.self.c_str(), argv.data());
+      std::fprintf(stderr, "exec %s: %s\n", o.self.c_str(), std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(p[1]);
+    ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    ranks[static_cast<std::size_t>(i)].pid = pid;
+    ranks[static_cast<std::size_t>(i)].fd = p[0];
+  }
+
+  auto flush_line = [&](int i, const std::string& line) {
+    std::printf("[rank %d] %s\n", i, line.c_str());
+    std::fflush(stdout);
+  };
+  bool killed = false;
+  std::optional<clock::time_point> first_failure;
+  std::vector<std::string> hung;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<int> who;
+    for (int i = 0; i < n; ++i)
+      if (ranks[static_cast<std::size_t>(i)].fd >= 0) {
+        fds.push_back({ranks[static_cast<std::size_t>(i)].fd, POLLIN, 0});
+        who.push_back(i);
+      }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      RankProcess& rp = ranks[static_cast<std::size_t>(who[k])];
+      char buf[65536];
+      for (;;) {
+        const ssize_t got = ::read(rp.fd, buf, sizeof buf);
+        if (got > 0) {
+          rp.partial.append(buf, static_cast<std::size_t>(got));
+          std::size_t nl;
+          while ((nl = rp.partial.find('\n')) != std::string::npos) {
+            flush_line(who[k], rp.partial.substr(0, nl));
+            rp.partial.erase(0, nl + 1);
+          }
+          continue;
+        }
+        if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+          if (!rp.partial.empty()) flush_line(who[k], rp.partial);
+          rp.partial.clear();
+          ::close(rp.fd);
+          rp.fd = -1;
+        }
+        break;
+      }
+    }
+    const auto now = clock::now();
+    const double t = std::chrono::duration<double>(now - start).count();
+    for (int i = 0; i < n; ++i) {
+      RankProcess& rp = ranks[static_cast<std::size_t>(i)];
+      if (rp.exited) continue;
+      int st = 0;
+      if (::waitpid(rp.pid, &st, WNOHANG) == rp.pid) {
+        rp.exited = true;
+        rp.status = st;
+        rp.exit_s = t;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !first_failure) first_failure = now;
+      }
+    }
+    if (o.kill_rank >= 0 && o.kill_rank < n && !killed && now - start >= o.kill_after) {
+      killed = true;
+      std::printf("launcher: killing rank %d (SIGKILL) at %.3f s, as asked by --kill-rank\n", o.kill_rank, t);
+      std::fflush(stdout);
+      ::kill(ranks[static_cast<std::size_t>(o.kill_rank)].pid, SIGKILL);
+    }
+    bool all = true;
+    for (const auto& rp : ranks) all = all && rp.exited && rp.fd < 0;
+    if (all) break;
+    // After a failure, the others must stop on their own within the timeout (plus a margin for
+    // the process exit); one that does not is reported as hung and killed.
+    if (first_failure && now - *first_failure > o.timeout + std::chrono::seconds(5)) {
+      for (int i = 0; i < n; ++i) {
+        RankProcess& rp = ranks[static_cast<std::size_t>(i)];
+        if (!rp.exited) {
+          hung.push_back("rank " + std::to_string(i));
+          ::kill(rp.pid, SIGKILL);
+        }
+      }
+      first_failure = now + std::chrono::hours(1);  // report once
+    }
+  }
+
+  int failed = 0;
+  for (int i = 0; i < n; ++i) {
+    const RankProcess& rp = ranks[static_cast<std::size_t>(i)];
+    if (WIFEXITED(rp.status) && WEXITSTATUS(rp.status) == 0) continue;
+    ++failed;
+    if (WIFSIGNALED(rp.status))
+      std::printf("launcher: rank %d was killed by signal %d (%s) at %.3f s\n", i, WTERMSIG(rp.status),
+                  strsignal(WTERMSIG(rp.status)), rp.exit_s);
+    else
+      std::printf("launcher: rank %d exited with status %d at %.3f s\n", i, WEXITSTATUS(rp.status), rp.exit_s);
+  }
+  for (const auto& h : hung) std::printf("launcher: %s did not exit within the timeout after the first failure: HUNG\n", h.c_str());
+  if (failed == 0) std::printf("launcher: all %d ranks exited 0\n", n);
+  else std::printf("launcher: FAILED: %d of %d ranks did not exit 0\n", failed, n);
+  std::fflush(stdout);
+
+  std::error_code ec;
+  if (!o.keep) {
+    fs::remove_all(dir, ec);
+    if (o.fabric.empty()) fs::remove_all(state_dir, ec);
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace ring

@@ -1,0 +1,401 @@
+// ring_all_sum: a verified ring all_sum over RDMA on tbverbs.
+//
+// Over real hardware (Thunderbolt Macs, or rdma-core NICs), one process per host:
+//   JACCL_RANK=0 JACCL_COORDINATOR=10.0.0.1:5555 JACCL_IBV_DEVICES=devices.json ./ring_all_sum --size 64M
+// (MLX_RANK, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES work too, or --rank, --coordinator, --devices).
+// On the emulated fabric, N ranks on this machine:
+//   ./ring_all_sum --local 4 --size 64M
+#include "launcher.hpp"
+#include "ring.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#ifndef TBVERBS_RING_EMU_LIBRARY
+#define TBVERBS_RING_EMU_LIBRARY ""
+#endif
+
+namespace {
+
+using ring::DType;
+
+// "64M", "4K", "1G", "123" (bytes).
+std::optional<std::size_t> parse_size(std::string s) {
+  if (s.empty()) return std::nullopt;
+  std::size_t mult = 1;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (last == 'B') {
+    s.pop_back();
+    if (s.empty()) return std::nullopt;
+  }
+  const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (unit == 'K' || unit == 'M' || unit == 'G') {
+    mult = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : std::size_t{1024} * 1024 * 1024;
+    s.pop_back();
+  }
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return static_cast<std::size_t>(std::stoull(s)) * mult;
+}
+
+std::string human(std::size_t b) {
+  char buf[32];
+  if (b >= (1u << 30) && b % (1u << 30) == 0) std::snprintf(buf, sizeof buf, "%zu GiB", b >> 30);
+  else if (b >= (1u << 20) && b % (1u << 20) == 0) std::snprintf(buf, sizeof buf, "%zu MiB", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0) std::snprintf(buf, sizeof buf, "%zu KiB", b >> 10);
+  else std::snprintf(buf, sizeof buf, "%zu B", b);
+  return buf;
+}
+
+std::optional<std::string> env_of(std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v != nullptr && *v != '\0') return std::string(v);
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The closed-form input pattern: rank r's element i is  base[r][i % 61] + (r == 0 ? i % P : 0)
+// (plus a high component for int64 and float64, a fractional one for floats), every value and
+// every partial sum exactly representable, so the result is checked with ==, whatever the order
+// of the additions.
+constexpr std::size_t kPeriod = 61;
+std::size_t index_period(DType t) { return t == DType::f32 ? 4093 : 1048573; }
+
+template <class T> T value(DType t, int r, std::size_t i) {
+  const long long base = static_cast<long long>((i % kPeriod) * 7 + static_cast<std::size_t>(r) * 13) % 61 - 30;
+  const long long idx = r == 0 ? static_cast<long long>(i % index_period(t)) : 0;
+  switch (t) {
+  case DType::f32: return static_cast<T>(static_cast<double>(base + idx) + 0.25 * r);
+  case DType::f64: return static_cast<T>(static_cast<double>(base + idx) + 0.5 * (r + 1) + (r + 1) * 1073741824.0);
+  case DType::i32: return static_cast<T>(base + idx);
+  case DType::i64: return static_cast<T>(base + idx + (static_cast<long long>(r + 1) << 33));
+  }
+  return T{};
+}
+
+template <class T> void fill_typed(DType t, int r, T* p, std::size_t count) {
+  T tab[kPeriod];
+  for (std::size_t k = 0; k < kPeriod; ++k) tab[k] = value<T>(t, r, k) - (r == 0 ? static_cast<T>(k % index_period(t)) : T{});
+  const std::size_t P = index_period(t);
+  std::size_t k = 0, q = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    p[i] = tab[k] + (r == 0 ? static_cast<T>(q) : T{});
+    if (++k == kPeriod) k = 0;
+    if (++q == P) q = 0;
+  }
+}
+
+// Returns the number of mismatches; prints the first few.
+template <class T> std::size_t check_typed(DType t, int rank, int n, const T* p, std::size_t count) {
+  T tab[kPeriod];
+  for (std::size_t k = 0; k < kPeriod; ++k) {
+    T s{};
+    for (int r = 0; r < n; ++r) s += value<T>(t, r, k) - (r == 0 ? static_cast<T>(k % index_period(t)) : T{});
+    tab[k] = s;
+  }
+  const std::size_t P = index_period(t);
+  std::size_t bad = 0, k = 0, q = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const T want = tab[k] + static_cast<T>(q);
+    if (p[i] != want) {
+      if (bad < 5)
+        std::printf("rank %d: MISMATCH at element %zu: got %.17g, expected %.17g\n", rank, i,
+                    static_cast<double>(p[i]), static_cast<double>(want));
+      ++bad;
+    }
+    if (++k == kPeriod) k = 0;
+    if (++q == P) q = 0;
+  }
+  return bad;
+}
+
+void fill(DType t, int r, void* p, std::size_t count) {
+  switch (t) {
+  case DType::f32: fill_typed(t, r, static_cast<float*>(p), count); break;
+  case DType::f64: fill_typed(t, r, static_cast<double*>(p), count); break;
+  case DType::i32: fill_typed(t, r, static_cast<std::int32_t*>(p), count); break;
+  case DType::i64: fill_typed(t, r, static_cast<std::int64_t*>(p), count); break;
+  }
+}
+std::size_t check(DType t, int rank, int n, const void* p, std::size_t count) {
+  switch (t) {
+  case DType::f32: return check_typed(t, rank, n, static_cast<const float*>(p), count);
+  case DType::f64: return check_typed(t, rank, n, static_cast<const double*>(p), count);
+  case DType::i32: return check_typed(t, rank, n, static_cast<const std::int32_t*>(p), count);
+  case DType::i64: return check_typed(t, rank, n, static_cast<const std::int64_t*>(p), count);
+  }
+  return count;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Options {
+  int local = 0;
+  int rank = -1;
+  std::string coordinator, devices, library, emu_library = TBVERBS_RING_EMU_LIBRARY;
+  std::string size = "64M", max_size, dtype = "float32", place = "out";
+  std::size_t count = 0;
+  int iters = 0, warmup = 1;
+  std::string message = "256K";
+  int window = 8;
+  int timeout_ms = 30000, gid_wait_ms = 1000;
+  bool csv = false, quiet = false, keep = false;
+  std::string fabric, write_fabric;
+  int kill_rank = -1, kill_after_ms = 1000;
+};
+
+int fail_rank(int rank, const std::string& where, const tbverbs::Error& e, tbverbs::SideChannel* sc) {
+  std::fprintf(stderr, "rank %d: FAILED during %s: %s\n", rank, where.c_str(), e.message().c_str());
+  std::fflush(stderr);
+  if (sc != nullptr && sc->valid()) sc->abort(e);  // the other ranks learn who failed, and why
+  return 2;
+}
+
+int run_rank(const Options& o) {
+  // Who am I, where is the coordinator, which devices: flags first, then the JACCL/MLX variables.
+  int rank = o.rank;
+  if (rank < 0) {
+    if (auto v = env_of({"JACCL_RANK", "MLX_RANK"})) rank = std::atoi(v->c_str());
+  }
+  const std::string coordinator =
+      !o.coordinator.empty() ? o.coordinator : env_of({"JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"}).value_or("");
+  const std::string devices_path =
+      !o.devices.empty() ? o.devices : env_of({"JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"}).value_or("");
+  auto config_error = [&](const std::string& what) {
+    return fail_rank(rank, "configuration",
+                     tbverbs::Error::make(tbverbs::Step::configure, tbverbs::ErrorKind::invalid_argument, what), nullptr);
+  };
+  if (rank < 0) return config_error("no rank: pass --rank or set JACCL_RANK (or MLX_RANK); or run --local N");
+  if (coordinator.empty()) return config_error("no coordinator: pass --coordinator host:port or set JACCL_COORDINATOR");
+  if (devices_path.empty()) return config_error("no device file: pass --devices FILE or set JACCL_IBV_DEVICES");
+
+  // The device file: a JSON matrix, [i][j] = rank i's device toward rank j, null on the diagonal.
+  // An entry may also be a list (two cables between the same two ranks): right link first.
+  nlohmann::json m;
+  try {
+    std::ifstream f(devices_path);
+    if (!f) return config_error("cannot read the device file " + devices_path);
+    m = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    return config_error(devices_path + ": not valid JSON: " + e.what());
+  }
+  if (!m.is_array() || m.size() < 2) return config_error(devices_path + ": expected a square matrix of at least 2 ranks");
+  const int n = static_cast<int>(m.size());
+  if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the device file's " + std::to_string(n) + " ranks");
+  const int left = (rank + n - 1) % n, right = (rank + 1) % n;
+  auto entry = [&](int peer, bool first) -> std::string {
+    const auto& row = m[static_cast<std::size_t>(rank)];
+    if (!row.is_array() || row.size() != static_cast<std::size_t>(n)) return {};
+    const auto& e = row[static_cast<std::size_t>(peer)];
+    if (e.is_string()) return e.get<std::string>();
+    if (e.is_array() && !e.empty() && e.front().is_string())
+      return first ? e.front().get<std::string>() : e.back().get<std::string>();
+    return {};
+  };
+  ring::Config cfg;
+  cfg.rank = rank;
+  cfg.size = n;
+  cfg.right_device = entry(right, true);
+  cfg.left_device = entry(left, false);
+  if (cfg.right_device.empty() || cfg.left_device.empty())
+    return config_error(devices_path + ": rank " + std::to_string(rank) + " needs devices toward ranks " +
+                        std::to_string(left) + " and " + std::to_string(right) + " (a ring)");
+  auto msg = parse_size(o.message);
+  if (!msg || *msg < 4096 || *msg % 4096 != 0)
+    return config_error("--message-bytes must be a whole number of 4 KiB frames");
+  cfg.message_bytes = *msg;
+  cfg.window = std::max(1, o.window);
+  cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
+  cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
+  cfg.log = [&, rank](const std::string& s) {
+    if (!o.quiet) std::printf("rank %d: %s\n", rank, s.c_str());
+    std::fflush(stdout);
+  };
+
+  // Sizes and types.
+  std::vector<DType> types;
+  if (o.dtype == "all") types = {DType::f32, DType::f64, DType::i32, DType::i64};
+  else if (o.dtype == "float32" || o.dtype == "f32") types = {DType::f32};
+  else if (o.dtype == "float64" || o.dtype == "f64") types = {DType::f64};
+  else if (o.dtype == "int32" || o.dtype == "i32") types = {DType::i32};
+  else if (o.dtype == "int64" || o.dtype == "i64") types = {DType::i64};
+  else return config_error("--dtype must be float32, float64, int32, int64 or all");
+  std::vector<bool> places;
+  if (o.place == "in") places = {true};
+  else if (o.place == "out") places = {false};
+  else if (o.place == "both") places = {false, true};
+  else return config_error("--place must be in, out or both");
+  // (count in elements, or bytes) per run.
+  std::vector<std::size_t> sizes;  // bytes, or elements when --count is given
+  if (o.count > 0) {
+    sizes = {o.count};
+  } else {
+    auto lo = parse_size(o.size);
+    auto hi = o.max_size.empty() ? lo : parse_size(o.max_size);
+    if (!lo || !hi || *lo == 0 || *hi < *lo) return config_error("--size/--max-size: sizes like 4K, 64M, 1G");
+    for (std::size_t s = *lo; s <= *hi; s *= 2) sizes.push_back(s);
+  }
+  std::size_t max_bytes = 0;
+  for (std::size_t s : sizes) max_bytes = std::max(max_bytes, o.count > 0 ? s * 8 : s);
+
+  // The side channel: rendezvous through rank 0, full mesh, liveness.
+  tbverbs::SideChannelOptions sco;
+  sco.rank = rank;
+  sco.size = n;
+  sco.coordinator = coordinator;
+  sco.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator);
+  sco.timeout = cfg.timeout;
+  auto sc = tbverbs::SideChannel::connect(sco);
+  if (!sc) return fail_rank(rank, "the side-channel rendezvous with " + coordinator, sc.error(), nullptr);
+
+  auto lib = tbverbs::Library::load(o.library);
+  if (!lib) return fail_rank(rank, "loading the verbs library", lib.error(), &*sc);
+
+  auto ringp = ring::Ring::create(*lib, *sc, cfg, max_bytes);
+  if (!ringp) return fail_rank(rank, "setting up the ring", ringp.error(), &*sc);
+  ring::Ring& R = **ringp;
+
+  int exit_code = 0;
+  for (DType t : types)
+    for (bool in_place : places)
+      for (std::size_t s : sizes) {
+        const std::size_t es = ring::dtype_size(t);
+        const std::size_t count = o.count > 0 ? s : std::max<std::size_t>(1, s / es);
+        const std::size_t bytes = count * es;
+        int iters = o.iters;
+        if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
+        void* in = R.input().data();
+        void* out = in_place ? in : R.output().data();
+        double total_s = 0;
+        for (int it = -o.warmup; it < iters; ++it) {
+          // Refill each time: an in-place run overwrote the input with the sum.
+          if (in_place || it == -o.warmup) fill(t, rank, in, count);
+          if (!in_place) std::memset(out, 0xff, bytes);  // stale output must not pass the check
+          std::chrono::steady_clock::time_point t0;
+          auto r = R.all_sum(count, t, in_place, [&]() -> tbverbs::Result<void> {
+            auto b = sc->barrier();
+            t0 = std::chrono::steady_clock::now();
+            return b;
+          });
+          if (!r) return fail_rank(rank, R.where() + " (" + human(bytes) + " " + ring::dtype_name(t) + ")", r.error(), &*sc);
+          if (it >= 0) total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        const std::size_t bad = check(t, rank, n, out, count);
+        // Every rank's verdict and time, so rank 0's summary covers the whole job.
+        std::byte mine[16];
+        std::uint64_t bad64 = bad, us = static_cast<std::uint64_t>(total_s * 1e6);
+        std::memcpy(mine, &bad64, 8);
+        std::memcpy(mine + 8, &us, 8);
+        auto all = sc->all_gather(mine);
+        if (!all) return fail_rank(rank, "gathering the results", all.error(), &*sc);
+        std::uint64_t bad_total = 0, us_max = 0;
+        std::string bad_ranks;
+        for (int k = 0; k < n; ++k) {
+          std::uint64_t b = 0, u = 0;
+          std::memcpy(&b, (*all)[static_cast<std::size_t>(k)].data(), 8);
+          std::memcpy(&u, (*all)[static_cast<std::size_t>(k)].data() + 8, 8);
+          bad_total += b;
+          us_max = std::max(us_max, u);
+          if (b) bad_ranks += (bad_ranks.empty() ? "" : ", ") + std::to_string(k);
+        }
+        const double sec = static_cast<double>(us_max) * 1e-6 / iters;
+        const double algbw = sec > 0 ? static_cast<double>(bytes) / sec / 1e9 : 0;
+        const double busbw = algbw * 2.0 * (n - 1) / n;
+        if (bad) exit_code = 3;
+        if (rank == 0) {
+          std::printf("all_sum %s (%zu x %s) ranks=%d %s: %d iters, %.3f ms, algbw %.3f GB/s, busbw %.3f GB/s: %s\n",
+                      human(bytes).c_str(), count, ring::dtype_name(t), n, in_place ? "in-place" : "out-of-place", iters,
+                      sec * 1e3, algbw, busbw,
+                      bad_total == 0 ? "verified" : ("MISMATCH on rank(s) " + bad_ranks).c_str());
+          if (o.csv)
+            std::printf("csv,%d,%zu,%s,%d,%d,%.3f,%.4f,%.4f,%s\n", n, bytes, ring::dtype_name(t), in_place ? 1 : 0, iters,
+                        sec * 1e6, algbw, busbw, bad_total == 0 ? "ok" : "mismatch");
+          std::fflush(stdout);
+        }
+        if (bad_total != 0 && exit_code == 0) exit_code = 3;
+      }
+  if (auto b = sc->barrier(); !b) return fail_rank(rank, "the final barrier", b.error(), &*sc);
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ring_all_sum: a verified ring all_sum (reduce-scatter + all-gather, both ring directions) on tbverbs"};
+  Options o;
+  app.add_option("--local", o.local, "Run N ranks on an emulated Thunderbolt ring on this machine");
+  app.add_option("--rank", o.rank, "This process' rank (default: $JACCL_RANK or $MLX_RANK)");
+  app.add_option("--coordinator", o.coordinator, "host:port of rank 0 (default: $JACCL_COORDINATOR or $MLX_JACCL_COORDINATOR)");
+  app.add_option("--devices", o.devices, "JACCL-style device file (default: $JACCL_IBV_DEVICES or $MLX_IBV_DEVICES)");
+  app.add_option("--library", o.library, "verbs library to load (default: $TBVERBS_LIBRARY, then the platform's)");
+  app.add_option("--emu-library", o.emu_library, "emulated verbs library for --local")->capture_default_str();
+  app.add_option("--size", o.size, "bytes per rank, e.g. 4K, 64M")->capture_default_str();
+  app.add_option("--max-size", o.max_size, "sweep: double the size up to this");
+  app.add_option("--count", o.count, "element count (instead of --size), any number >= 1");
+  app.add_option("--dtype", o.dtype, "float32, float64, int32, int64 or all")->capture_default_str();
+  app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
+  app.add_option("--iters", o.iters, "timed iterations per size (default: by size)");
+  app.add_option("--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
+  app.add_option("--message-bytes", o.message, "largest message (whole 4 KiB frames)")->capture_default_str();
+  app.add_option("--window", o.window, "messages in flight per direction")->capture_default_str();
+  app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
+  app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
+  app.add_flag("--csv", o.csv, "also print a csv line per run (rank 0)");
+  app.add_flag("--quiet", o.quiet, "no set-up lines");
+  app.add_option("--fabric", o.fabric, "--local: use this existing fabric file (its state is kept between runs)");
+  app.add_option("--write-fabric", o.write_fabric, "--local: write the ring fabric for N hosts to this file and exit");
+  app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
+  app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)");
+  app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (o.local > 0) {
+    if (!o.write_fabric.empty()) {
+      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local).dump(2) << "\n";
+      std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
+      return 0;
+    }
+    ring::LocalOptions lo;
+    lo.ranks = o.local;
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
+    lo.emu_library = o.emu_library;
+    if (lo.emu_library.empty()) {
+      std::fprintf(stderr, "--local needs the emulated verbs library: pass --emu-library PATH\n");
+      return 2;
+    }
+    lo.fabric = o.fabric;
+    lo.timeout = std::chrono::milliseconds(o.timeout_ms);
+    lo.kill_rank = o.kill_rank;
+    lo.kill_after = std::chrono::milliseconds(o.kill_after_ms);
+    lo.keep = o.keep;
+    // The ranks get every argument except the launcher's own.
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto takes_value = [&](const char* name) { return a == name; };
+      if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") ||
+          takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric")) {
+        ++i;
+        continue;
+      }
+      if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
+          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0)
+        continue;
+      lo.args.push_back(a);
+    }
+    return ring::run_local(lo);
+  }
+  return run_rank(o);
+}
