@@ -5,6 +5,7 @@
 // table the way the data path does.
 #include <tbverbs/detail/abi.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,23 @@ static_assert(TBVERBS_ABI_FROM_PLATFORM == 0, "without <infiniband/verbs.h> abi_
 #endif
 
 namespace abi = tbverbs::detail::abi;
+
+// Everything tbverbs reads from objects the library allocates sits before their first pthread
+// member, so it does not move with the platform's pthread sizes (mutex/cond: glibc x86-64 40/48 B,
+// glibc aarch64 48/48 B, macOS 64/48 B). Only what follows does (ibv_context::abi_compat, the
+// object sizes). Checked in both modes, i.e. for the platform's verbs.h as well.
+static_assert(offsetof(abi::ibv_context, ops) + sizeof(abi::ibv_context_ops) <=
+              offsetof(abi::ibv_context, cmd_fd));
+static_assert(offsetof(abi::ibv_context, num_comp_vectors) + sizeof(int) <=
+              offsetof(abi::ibv_context, mutex));
+static_assert(offsetof(abi::ibv_cq, cqe) + sizeof(int) <= offsetof(abi::ibv_cq, mutex));
+static_assert(offsetof(abi::ibv_qp, qp_type) + sizeof(abi::ibv_qp_type) <= offsetof(abi::ibv_qp, mutex));
+// The data-path slots: device pointer, then the ops table (verbs.h inlines read these).
+static_assert(offsetof(abi::ibv_context, ops.post_send) == (1 + 25) * sizeof(void*));
+static_assert(offsetof(abi::ibv_context, ops.post_recv) == (1 + 26) * sizeof(void*));
+static_assert(offsetof(abi::ibv_context, ops.poll_cq) == (1 + 11) * sizeof(void*));
+static_assert(offsetof(abi::ibv_context, ops.req_notify_cq) == (1 + 12) * sizeof(void*));
+static_assert(offsetof(abi::ibv_qp, qp_num) == 6 * sizeof(void*) + 4);
 
 namespace {
 
