@@ -56,6 +56,7 @@ void open_endpoint(Endpoint& e, const char* host, size_t max_msg, uint32_t depth
   if (!e.ctx) die("ibv_open_device");
   if (!(e.pd = ibv_alloc_pd(e.ctx))) die("ibv_alloc_pd");
   if (!(e.cq = ibv_create_cq(e.ctx, 4 * static_cast<int>(depth) + 16, nullptr, nullptr, 0))) die("ibv_create_cq");
+  max_msg = std::max<size_t>(max_msg, 4096);  // the latency test uses 4 KiB
   e.data_len = max_msg;
   e.data = static_cast<char*>(aligned_alloc(4096, max_msg));
   if (!e.data) die("aligned_alloc");

@@ -6,7 +6,8 @@
 // and copies the payload straight into the peer's address space. Nothing is ever
 // written outside a region that passed the key, bounds and access checks.
 #include <fcntl.h>
-#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,9 @@
 
 namespace emu {
 namespace {
+
+constexpr int64_t kSpinNs = 5 * 1000;      // spin this long on an empty CQ before napping
+constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 
 std::mutex g_pending_mu;
 std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
@@ -387,7 +391,10 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited) {
       return;
     }
     c.ring[c.tail & (kCqRing - 1)] = wc;
-    __atomic_store_n(&c.tail, c.tail + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c.tail, c.tail + 1, __ATOMIC_SEQ_CST);
+    // The owner may be sleeping in ibv_poll_cq (see there); seq_cst pairs with its check.
+    if (__atomic_load_n(&c.waiters, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &c.tail, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
     if (c.armed == 1 || (c.armed == 2 && (solicited || wc.status != IBV_WC_SUCCESS))) {
       c.armed = 0;
       wake = c.channel != 0;
@@ -635,11 +642,26 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);
   if (ne <= 0) return 0;
   if (head == tail) {
-    // The "hardware" is the peer process: a poller spinning on an empty CQ must
-    // not starve it when cores are scarce. Yielding is nearly free when idle.
-    sched_yield();
+    // The "hardware" is the peer process. A poller spinning on an empty CQ competes
+    // with it for the CPU, and on a loaded machine every hand-off then costs a
+    // scheduler slice (sched_yield is no better: EEVDF queues the yielder behind
+    // everyone). So once the CQ has been empty for kSpinNs, sleep on its tail (a
+    // shared futex the producer wakes) for at most kPollSleepNs: a woken sleeper
+    // runs promptly, and an idle CQ costs at most that much per poll.
+    int64_t now = now_ns();
+    if (c->empty_since_ns == 0) {
+      c->empty_since_ns = now;
+    } else if (now - c->empty_since_ns > kSpinNs) {
+      __atomic_add_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(&s.tail, __ATOMIC_SEQ_CST) == tail) {
+        timespec ts{0, kPollSleepNs};
+        syscall(SYS_futex, &s.tail, FUTEX_WAIT, tail, &ts, nullptr, 0);
+      }
+      __atomic_sub_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
+    }
     return 0;
   }
+  c->empty_since_ns = 0;
   uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
   for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
   __atomic_store_n(&s.head, head + n, __ATOMIC_RELEASE);

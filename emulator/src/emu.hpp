@@ -188,6 +188,7 @@ struct ShmCq {
   int32_t channel_pid;
   uint32_t overflow;
   uint32_t events;       // events raised (diagnostics)
+  uint32_t waiters;      // owner threads sleeping on `tail` (futex) in ibv_poll_cq
   ibv_wc ring[kCqRing];
 };
 
