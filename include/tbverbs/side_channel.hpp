@@ -896,6 +896,8 @@ struct State {
 
   /// Waits until every rank in `ranks` has sent a frame of type `want`; returns them in that order.
   /// A queued abort, a closed or failed connection, a poisoned channel or the deadline end the wait.
+  /// The other peers are watched too, for aborts only (a peer that merely closed after finishing
+  /// its work does not end the wait), and only while a wanted frame is still missing.
   Result<std::vector<Frame>> wait_frames(const std::vector<int>& ranks, FrameType want, SideChannelDeadline dl,
                                          std::string_view op) {
     std::vector<std::optional<Frame>> got(ranks.size());
@@ -903,6 +905,7 @@ struct State {
     const auto start = std::chrono::steady_clock::now();
     std::vector<pollfd> pfds;
     std::vector<int> pending;
+    std::vector<Conn*> watched;
     for (;;) {
       if (poisoned.load(std::memory_order_acquire) || closed) return fail(stopped_error());
       pending.clear();
@@ -919,8 +922,15 @@ struct State {
         pending.push_back(static_cast<int>(i));
       }
       if (pending.empty()) break;
+      watched.clear();
+      for (auto& o : conns) {
+        if (o.rank == opts.rank || std::find(ranks.begin(), ranks.end(), o.rank) != ranks.end()) continue;
+        if (auto e = take_abort(o)) return fail(*e);
+        if (!o.dead()) watched.push_back(&o);
+      }
       pfds.clear();
       for (int i : pending) pfds.push_back({conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])].fd.get(), POLLIN, 0});
+      for (Conn* o : watched) pfds.push_back({o->fd.get(), POLLIN, 0});
       const int ms = poll_ms(dl);
       const int rc = ::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), ms);
       if (rc < 0) {
@@ -937,9 +947,11 @@ struct State {
                                     std::string(op) + " for " + rank_list(missing) +
                                     " (stopped, busy, or not calling " + std::string(op) + ")"));
       }
-      for (std::size_t k = 0; k < pfds.size(); ++k)
-        if (pfds[k].revents != 0)
-          pump_conn(conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(pending[k])])]);
+      for (std::size_t k = 0; k < pfds.size(); ++k) {
+        if (pfds[k].revents == 0) continue;
+        if (k < pending.size()) pump_conn(conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(pending[k])])]);
+        else pump_conn(*watched[k - pending.size()]);
+      }
     }
     std::vector<Frame> out;
     out.reserve(got.size());
@@ -1059,7 +1071,7 @@ public:
 
   /// The IPv4 address of this host on the side channel's network (the local address of the
   /// connection to the coordinator; on rank 0, of the connection to rank 1), as {a, b, c, d}.
-  /// GID selection can pick the ::ffff:a.b.c.d entry of the interface that carries it.
+  /// GID selection can pick the IPv4-mapped GID (ffff prefix) of the interface that carries it.
   /// Fails with ErrorKind::unsupported when that connection is IPv6 or there is no connection.
   [[nodiscard]] Result<std::array<std::uint8_t, 4>> local_ipv4() const;
 

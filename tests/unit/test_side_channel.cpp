@@ -28,9 +28,8 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint64_t token = 0x7bc0ffee12345678ull;
 
 std::vector<std::byte> bytes_of(std::string_view s) {
-  std::vector<std::byte> v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
+  const auto b = std::as_bytes(std::span<const char>(s.data(), s.size()));
+  return std::vector<std::byte>(b.begin(), b.end());
 }
 std::string text_of(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
@@ -179,6 +178,22 @@ TEST_CASE("side channel: CRC-32 matches the IEEE check value", "[side_channel][f
   const auto v = bytes_of("123456789");
   CHECK(sc::crc32(v) == 0xCBF43926u);
   CHECK(sc::crc32({}) == 0u);
+  // The 8-bytes-per-step loop agrees with the textbook bitwise CRC on every length and alignment.
+  std::vector<std::byte> data(300);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 131 + 7);
+  auto reference = [](std::span<const std::byte> d) {
+    std::uint32_t c = 0xFFFFFFFFu;
+    for (std::byte b : d) {
+      c ^= static_cast<std::uint32_t>(b);
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+  };
+  for (std::size_t off = 0; off < 8; ++off)
+    for (std::size_t len = 0; off + len <= data.size(); len += 7) {
+      const auto part = std::span<const std::byte>(data).subspan(off, len);
+      REQUIRE(sc::crc32(part) == reference(part));
+    }
 }
 
 TEST_CASE("side channel: frame header round-trips, big-endian on the wire", "[side_channel][frame]") {
@@ -562,6 +577,32 @@ TEST_CASE("side channel: abort() tells the peers the kind and the reason", "[sid
     CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::timeout);
     CHECK(has(errors[static_cast<std::size_t>(r)], "rank 2 aborted: no completion from rank 1 in 750 ms"));
   }
+}
+
+TEST_CASE("side channel: a recv_from ends at once when another rank aborts the job", "[side_channel]") {
+  std::vector<Error> errors(3);
+  std::vector<std::chrono::milliseconds> took(3);
+  std::atomic<bool> release{false};
+  run_ranks(3, [&](int rank, SideChannel& ch) {
+    if (rank == 0) {
+      std::this_thread::sleep_for(100ms);
+      ch.abort(Error::make(tbverbs::Step::collective, ErrorKind::result_mismatch, "rank 0's sum is wrong"));
+      return;
+    }
+    if (rank == 2) {  // alive, silent
+      while (!release) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    const auto t0 = Clock::now();
+    auto r = ch.recv_from(2);  // 5 s timeout
+    took[1] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    if (!r) errors[1] = r.error();
+    release = true;
+  });
+  INFO(errors[1].message());
+  CHECK(errors[1].kind == ErrorKind::result_mismatch);
+  CHECK(has(errors[1], "rank 0 aborted: rank 0's sum is wrong"));
+  CHECK(took[1] < 2000ms);
 }
 
 // ---------------------------------------------------------------------------------------------
