@@ -145,7 +145,7 @@ struct Options {
   int rank = -1;
   std::string coordinator, devices, library, emu_library = TBVERBS_RING_EMU_LIBRARY;
   std::string size = "64M", max_size, dtype = "float32", place = "out";
-  std::size_t count = 0;
+  std::vector<std::size_t> counts;
   int iters = 0, warmup = 1;
   std::string message = "256K";
   int window = 8;
@@ -238,8 +238,11 @@ int run_rank(const Options& o) {
   else return config_error("--place must be in, out or both");
   // (count in elements, or bytes) per run.
   std::vector<std::size_t> sizes;  // bytes, or elements when --count is given
-  if (o.count > 0) {
-    sizes = {o.count};
+  const bool by_count = !o.counts.empty();
+  if (by_count) {
+    sizes = o.counts;
+    if (std::find(sizes.begin(), sizes.end(), std::size_t{0}) != sizes.end())
+      return config_error("--count: element counts must be at least 1");
   } else {
     auto lo = parse_size(o.size);
     auto hi = o.max_size.empty() ? lo : parse_size(o.max_size);
@@ -247,7 +250,7 @@ int run_rank(const Options& o) {
     for (std::size_t s = *lo; s <= *hi; s *= 2) sizes.push_back(s);
   }
   std::size_t max_bytes = 0;
-  for (std::size_t s : sizes) max_bytes = std::max(max_bytes, o.count > 0 ? s * 8 : s);
+  for (std::size_t s : sizes) max_bytes = std::max(max_bytes, by_count ? s * 8 : s);
 
   // The side channel: rendezvous through rank 0, full mesh, liveness.
   tbverbs::SideChannelOptions sco;
@@ -271,7 +274,7 @@ int run_rank(const Options& o) {
     for (bool in_place : places)
       for (std::size_t s : sizes) {
         const std::size_t es = ring::dtype_size(t);
-        const std::size_t count = o.count > 0 ? s : std::max<std::size_t>(1, s / es);
+        const std::size_t count = by_count ? s : std::max<std::size_t>(1, s / es);
         const std::size_t bytes = count * es;
         int iters = o.iters;
         if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
@@ -342,7 +345,8 @@ int main(int argc, char** argv) {
   app.add_option("--emu-library", o.emu_library, "emulated verbs library for --local")->capture_default_str();
   app.add_option("--size", o.size, "bytes per rank, e.g. 4K, 64M")->capture_default_str();
   app.add_option("--max-size", o.max_size, "sweep: double the size up to this");
-  app.add_option("--count", o.count, "element count (instead of --size), any number >= 1");
+  app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
+      ->delimiter(',');
   app.add_option("--dtype", o.dtype, "float32, float64, int32, int64 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
   app.add_option("--iters", o.iters, "timed iterations per size (default: by size)");

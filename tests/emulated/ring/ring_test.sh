@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Tests of examples/ring_all_sum on the emulated Thunderbolt fabric.
+#   ring_test.sh <ring_all_sum> <tbverbs-emu> <case> [ring args...]
+# Every case asserts on the launcher's exit code and on lines the ranks print; a failed assertion
+# prints the whole output and exits 1.
+set -u
+RING=$1; CLI=$2; CASE=$3; shift 3
+WORK=$(mktemp -d /tmp/tbverbs-ring-test-XXXXXX)
+FABRIC=$WORK/fabric.json
+cleanup() {
+  if [ -f "$FABRIC" ]; then "$CLI" -f "$FABRIC" reset >/dev/null 2>&1 || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+OUT=$WORK/out.txt
+fail() { echo "---- output ----"; cat "$OUT"; echo "----------------"; echo "FAIL: $*"; exit 1; }
+expect() { grep -Eq -- "$1" "$OUT" || fail "expected a line matching: $1"; }
+expect_not() { ! grep -Eq -- "$1" "$OUT" || fail "unexpected line matching: $1"; }
+expect_count() {  # pattern, count
+  local got; got=$(grep -Ec -- "$1" "$OUT"); [ "$got" -eq "$2" ] || fail "expected $2 lines matching '$1', got $got"
+}
+run() {  # runs the launcher; sets RC
+  echo "+ $RING $*" >"$OUT"
+  "$RING" "$@" >>"$OUT" 2>&1; RC=$?
+}
+
+case "$CASE" in
+  verify)
+    # Every (size, dtype, placement) run must say "verified" and the launcher must exit 0.
+    run "$@"
+    [ $RC -eq 0 ] || fail "launcher exited $RC"
+    expect "launcher: all [0-9]+ ranks exited 0"
+    expect_not "MISMATCH|FAILED"
+    runs=$(grep -Ec "all_sum .*: verified$" "$OUT")
+    [ "$runs" -ge 1 ] || fail "no verified run"
+    echo "ok: $runs verified runs"
+    ;;
+  kill)
+    # SIGKILL one rank mid-run: every other rank must exit non-zero with "peer lost" (naming the
+    # killed rank) well within the timeout; nobody hangs.
+    n=$1; victim=$2; after_ms=$3; timeout_ms=$4; shift 4
+    run --local "$n" --kill-rank "$victim" --kill-after "$after_ms" --timeout "$timeout_ms" "$@"
+    [ $RC -ne 0 ] || fail "launcher exited 0 although a rank was killed"
+    expect "launcher: killing rank $victim"
+    expect "launcher: rank $victim was killed by signal 9"
+    expect_not "HUNG"
+    kill_t=$(sed -nE "s/^launcher: killing rank $victim .* at ([0-9.]+) s.*/\1/p" "$OUT")
+    for ((r = 0; r < n; r++)); do
+      [ $r -eq "$victim" ] && continue
+      grep -Eq "^\[rank $r\] rank $r: FAILED during .*peer lost.*rank $victim" "$OUT" ||
+        fail "rank $r did not report 'peer lost' naming rank $victim"
+      t=$(sed -nE "s/^launcher: rank $r exited with status [1-9][0-9]* at ([0-9.]+) s/\1/p" "$OUT")
+      [ -n "$t" ] || fail "rank $r did not exit with a non-zero status"
+      awk -v t="$t" -v k="$kill_t" -v lim="$timeout_ms" 'BEGIN { exit !((t - k) * 1000 < lim) }' ||
+        fail "rank $r exited $(awk -v t="$t" -v k="$kill_t" 'BEGIN{print t-k}') s after the kill, not within ${timeout_ms} ms"
+      echo "ok: rank $r exited with peer lost $(awk -v t="$t" -v k="$kill_t" 'BEGIN{printf "%.3f", t-k}') s after the kill"
+    done
+    ;;
+  drop)
+    # Everything the first QP created on host1 sends is lost: the warm-up must catch it, both
+    # ends must recreate that link, and the run must still verify.
+    n=$1; shift
+    "$RING" --local "$n" --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    "$CLI" -f "$FABRIC" fault drop --next-on host1 >/dev/null || fail "cannot inject the drop fault"
+    run --local "$n" --fabric "$FABRIC" "$@"
+    [ $RC -eq 0 ] || fail "launcher exited $RC"
+    expect "^\[rank 1\] rank 1: link [0-9]+: warm-up attempt 1 failed \(.*delivered nothing\); recreating the QP"
+    expect "verified \(warm-up of [0-9]+ bytes both ways, attempt 2\)"
+    expect "all_sum .*: verified$"
+    echo "ok: the dropped direction was detected by the warm-up, the link recreated, the run verified"
+    ;;
+  no_ipv4)
+    # host1's rdma_en1 has no IPv4 address: rank 1 must fail at GID selection with the diagnosis
+    # and its remedy, the others must stop with an error naming rank 1, nobody hangs.
+    n=$1; shift
+    "$RING" --local "$n" --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    "$CLI" -f "$FABRIC" clear-ipv4 host1 rdma_en1 >/dev/null || fail "cannot clear the address"
+    run --local "$n" --fabric "$FABRIC" --gid-wait 300 "$@"
+    [ $RC -ne 0 ] || fail "launcher exited 0 without an IPv4 address"
+    expect "^\[rank 1\] rank 1: FAILED during setting up the ring: select GID: no IPv4-mapped GID.*only fe80:: entries"
+    expect "^\[rank 1\]   remedy: .*ifconfig enN inet"
+    for ((r = 0; r < n; r++)); do
+      [ $r -eq 1 ] && continue
+      grep -Eq "^\[rank $r\] rank $r: FAILED during .*rank 1 aborted" "$OUT" || fail "rank $r did not name rank 1"
+    done
+    expect_not "HUNG"
+    echo "ok: no IPv4 address -> the diagnosis with its remedy on rank 1, the others name rank 1"
+    ;;
+  ipv4_change)
+    # Run, change the addresses of cable 0 (host0:rdma_en2 <-> host1:rdma_en1), run again: the
+    # second run must select (and print) the new GIDs, never the old ones, and verify.
+    "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    run --local 2 --fabric "$FABRIC" "$@"
+    [ $RC -eq 0 ] || fail "first run exited $RC"
+    expect "^\[rank 1\] rank 1: left link to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.2 "
+    expect "^\[rank 0\] rank 0: right link to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
+    cp "$OUT" "$WORK/first.txt"
+    "$CLI" -f "$FABRIC" set-ipv4 host0 rdma_en2 10.77.0.1/30 >/dev/null || fail "set-ipv4 host0"
+    "$CLI" -f "$FABRIC" set-ipv4 host1 rdma_en1 10.77.0.2/30 >/dev/null || fail "set-ipv4 host1"
+    run --local 2 --fabric "$FABRIC" "$@"
+    [ $RC -eq 0 ] || fail "second run exited $RC"
+    expect "^\[rank 1\] rank 1: left link to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.77\.0\.2 "
+    expect "^\[rank 0\] rank 0: right link to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.77\.0\.1 "
+    expect_not "10\.99\.0\.[12]"
+    expect "all_sum .*: verified$"
+    echo "ok: the second run selected the new GIDs ::ffff:10.77.0.1 / ::ffff:10.77.0.2"
+    ;;
+  *)
+    echo "unknown case $CASE"; exit 2 ;;
+esac
