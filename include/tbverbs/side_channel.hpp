@@ -1185,7 +1185,7 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
     for (int r : joined_set()) {
       Conn& c = s.conns[static_cast<std::size_t>(r)];
       if (auto e = s.take_abort(c)) return s.fail_collective(*e, true);
-      if (c.dead() && c.inbox.empty()) return s.fail_collective(s.conn_error(c, op), false);
+      if (c.dead()) return s.fail_collective(s.conn_error(c, op), false);
     }
     for (std::size_t i = 0; i < strangers.size();) {
       Conn& c = strangers[i];
