@@ -343,3 +343,40 @@ TEST_CASE("core/qp: a bad lkey or an out-of-range sge is an error, never a write
     CHECK(e.wr_id == 3);
   }
 }
+
+TEST_CASE("core/qp: RTR toward a GID that is not at the other end of the cable fails with ETIMEDOUT and the "
+          "per-cable remedy",
+          "[core][qp]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  auto p1 = ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq));
+  auto p2 = ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq));
+  // Both QPs are on hostA: p2's GID is this port's own address, not the peer's across the cable.
+  const tbverbs::Error e = err(std::move(p1).connect(p2.endpoint()));
+  CHECK(e.step == tbverbs::Step::modify_qp_rtr);
+  CHECK(e.is(ETIMEDOUT));
+  CHECK(e.gid_index == 1);
+  const std::string m = e.message();
+  CHECK_THAT(m, ContainsSubstring("local GID ::ffff:10.99.0.1 -> remote GID ::ffff:10.99.0.1"));
+  REQUIRE(e.diagnosis() != nullptr);
+  CHECK_THAT(m, ContainsSubstring("/30 per cable"));
+}
+
+TEST_CASE("core/qp: a peer endpoint with a zero GID or another QP type is refused before RTR", "[core][qp]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  auto pb = ok(tbverbs::QpRecipe::thunderbolt(b.select()).prepare(b.pd, b.cq));
+
+  tbverbs::Endpoint zero = pb.endpoint();
+  zero.gid = tbverbs::Gid(); // what JACCL sent when the peer had no IPv4-mapped GID
+  const tbverbs::Error e1 = err(ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq)).connect(zero));
+  CHECK(e1.kind == tbverbs::ErrorKind::incompatible_peer);
+  CHECK_THAT(e1.message(), ContainsSubstring("zero"));
+
+  tbverbs::Endpoint rc = pb.endpoint();
+  rc.qp_type = tbverbs::QpType::rc;
+  const tbverbs::Error e2 = err(ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq)).connect(rc));
+  CHECK(e2.kind == tbverbs::ErrorKind::incompatible_peer);
+  CHECK(e2.step == tbverbs::Step::check_endpoint);
+}
