@@ -633,7 +633,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   auto* c = reinterpret_cast<EmuCq*>(cq);
   if (__atomic_load_n(&c->fab->shm->nfaults, __ATOMIC_RELAXED))
-    if (int e = fault_check(*c->fab, "ibv_poll_cq", -1)) return -e;
+    if (int e = fault_check(*c->fab, "ibv_poll_cq", c->host)) return -e;
   if (any_pending()) progress_all();
   ShmCq& s = *c->s;
   // Single consumer (the owner): producers serialise among themselves under the
@@ -670,7 +670,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
 
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
   auto* c = reinterpret_cast<EmuCq*>(cq);
-  if (int e = fault_check(*c->fab, "ibv_req_notify_cq", -1)) return e;
+  if (int e = fault_check(*c->fab, "ibv_req_notify_cq", c->host)) return e;
   Guard g(c->s->lock);
   c->s->armed = solicited_only ? 2 : 1;
   return 0;

@@ -39,6 +39,7 @@ struct EmuMr {
 struct EmuChannel {
   ibv_comp_channel ch;
   Fabric* fab;
+  int host;
   uint32_t id;
   std::string path;
 };
@@ -46,6 +47,7 @@ struct EmuChannel {
 struct EmuCq {
   ibv_cq cq;
   Fabric* fab;
+  int host;
   uint32_t slot;
   ShmCq* s;
   std::atomic<int> users{0};  // QPs using it: destroy while in use is EBUSY

@@ -195,6 +195,7 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
 EMU_EXPORT int ibv_close_device(ibv_context* context) {
   EmuContext* c = ectx(context);
   if (!c) return EINVAL;
+  if (int e = faulted(c, "ibv_close_device")) return e;
   if (c->v.context.async_fd >= 0) ::close(c->v.context.async_fd);
   pthread_mutex_destroy(&c->v.context.mutex);
   delete c;
@@ -469,6 +470,7 @@ EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
     ch->id = s->next_channel++;
   }
   ch->fab = c->fab;
+  ch->host = c->host;
   ch->path = channel_path(*c->fab, getpid(), ch->id);
   ::unlink(ch->path.c_str());
   // A FIFO, so a sender in another process can wake us by name. Opened read-write
@@ -497,6 +499,7 @@ EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
 EMU_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (!channel) return EINVAL;
   auto* ch = reinterpret_cast<EmuChannel*>(channel);
+  if (int e = fault_check(*ch->fab, "ibv_destroy_comp_channel", ch->host)) return e;
   if (channel->refcnt > 0) return EBUSY;
   ::close(channel->fd);
   ::unlink(ch->path.c_str());
@@ -552,6 +555,7 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
     q->s = &x;
   }
   q->fab = c->fab;
+  q->host = c->host;
   q->cq.context = context;
   q->cq.channel = channel;
   q->cq.cq_context = cq_context;
@@ -591,6 +595,10 @@ EMU_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** c
     return -1;
   }
   auto* ch = reinterpret_cast<EmuChannel*>(channel);
+  if (int e = fault_check(*ch->fab, "ibv_get_cq_event", ch->host)) {
+    errno = e;
+    return -1;
+  }
   bool user_nonblock = (fcntl(channel->fd, F_GETFL) & O_NONBLOCK) != 0;
   for (;;) {
     if (any_pending()) progress_all();  // deferred RC sends may complete our own CQs
