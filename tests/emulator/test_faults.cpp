@@ -152,3 +152,56 @@ TEST_CASE("fault: sticky loss - a UC send meeting no receive kills that directio
   REQUIRE(poll_one(a.cq, &wc));
   CHECK(wc.opcode == IBV_WC_RECV);
 }
+
+TEST_CASE("fault: data-path verbs fail with the errno convention of each", "[fault][datapath]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  REQUIRE(connect_pair(a, b));
+  REQUIRE(tbemu_fault_fail_call(f.p(), "hostA", "ibv_post_send", 2, ENOMEM, 1) == 0);
+  REQUIRE(tbemu_fault_fail_call(f.p(), "hostB", "ibv_post_recv", 1, ENOMEM, 1) == 0);
+  REQUIRE(tbemu_fault_fail_call(f.p(), "hostB", "ibv_poll_cq", 1, EIO, 1) == 0);
+  CHECK(post_recv(b, 1, 0, 64) == ENOMEM);  // post_* return the errno
+  CHECK(post_recv(b, 1, 0, 64) == 0);
+  CHECK(post_send(a, 1, 0, 64) == 0);
+  CHECK(post_send(a, 2, 0, 64) == ENOMEM);
+  ibv_wc wc{};
+  CHECK(ibv_poll_cq(b.cq, 1, &wc) == -EIO);  // poll_cq returns it negative
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK(wc.wr_id == 1);
+}
+
+TEST_CASE("run-time changes: port down mid-run loses UC traffic and fails RC; address change keeps QPs", "[runtime]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  ibv_wc wc{};
+  SECTION("UC") {
+    Side a, b;
+    REQUIRE(a.open("hostA", "rdma_en1"));
+    REQUIRE(b.open("hostB", "rdma_en1"));
+    REQUIRE(connect_pair(a, b));
+    REQUIRE(tbemu_set_port_up(f.p(), "hostB", "rdma_en1", 1, 0) == 0);
+    REQUIRE(post_recv(b, 1, 0, 64) == 0);
+    REQUIRE(post_send(a, 1, 0, 64) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(quiet(b.cq));
+    REQUIRE(tbemu_set_port_up(f.p(), "hostB", "rdma_en1", 1, 1) == 0);
+    // Changing an address does not disturb connected QPs (they address by QPN).
+    REQUIRE(tbemu_set_ipv4(f.p(), "hostB", "rdma_en1", 1, "10.0.0.6/30") == 0);
+    REQUIRE(post_send(a, 2, 0, 64) == 0);
+    REQUIRE(poll_one(b.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+  }
+  SECTION("RC") {
+    Side a, b;
+    REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC));
+    REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC));
+    REQUIRE(connect_pair(a, b));
+    REQUIRE(tbemu_set_port_up(f.p(), "hostA", "rdma_en1", 1, 0) == 0);
+    REQUIRE(post_recv(b, 1, 0, 64) == 0);
+    REQUIRE(post_send(a, 1, 0, 64) == 0);
+    REQUIRE(poll_one(a.cq, &wc, 3000));
+    CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+  }
+}
