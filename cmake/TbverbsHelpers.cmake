@@ -42,3 +42,25 @@ function(tbverbs_add_all_subdirectories)
     endif()
   endforeach()
 endfunction()
+
+# TBVERBS_SANITIZER_PRELOAD: in a sanitized build (the asan preset), the sanitizer runtimes to put
+# in LD_PRELOAD when a test runs a program that is NOT instrumented (ibv_devinfo, ibv_*_pingpong)
+# on an instrumented library (the emulator): ASan must come first in the library list, otherwise
+# the program stops with "ASan runtime does not come first in initial library list". Empty in an
+# unsanitized build. Use: set_tests_properties(t PROPERTIES ENVIRONMENT "LD_PRELOAD=${TBVERBS_SANITIZER_PRELOAD}")
+set(TBVERBS_SANITIZER_PRELOAD "")
+if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*address")
+  set(_tbverbs_runtimes libasan.so)
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*undefined" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    list(APPEND _tbverbs_runtimes libubsan.so)
+  endif()
+  foreach(_rt IN LISTS _tbverbs_runtimes)
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${_rt}
+                    OUTPUT_VARIABLE _path OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(IS_ABSOLUTE "${_path}" AND EXISTS "${_path}")
+      get_filename_component(_path "${_path}" REALPATH)
+      list(APPEND TBVERBS_SANITIZER_PRELOAD "${_path}")
+    endif()
+  endforeach()
+  string(REPLACE ";" ":" TBVERBS_SANITIZER_PRELOAD "${TBVERBS_SANITIZER_PRELOAD}")
+endif()
