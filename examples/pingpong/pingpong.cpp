@@ -45,6 +45,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -147,6 +148,16 @@ void barrier(int fd, Clock::time_point deadline) {
   send_all(fd, &mine, 1);
   recv_all(fd, &theirs, 1, deadline);
   if (theirs != 'R') die("bootstrap: unexpected barrier byte");
+}
+
+// The local IPv4 address of a connected socket (host order), unless it is a loopback address.
+std::optional<std::uint32_t> local_ipv4(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sin_family != AF_INET) return std::nullopt;
+  const std::uint32_t ip = ntohl(a.sin_addr.s_addr);
+  if ((ip >> 24) == 127) return std::nullopt;
+  return ip;
 }
 
 int listen_on(std::uint16_t port) {
@@ -320,10 +331,15 @@ int run(Options o, bool server, int sock) {
 
   // 2. Choose the GID. Thunderbolt ports publish ::ffff:a.b.c.d (at index 1, usually) once the
   //    interface has an IPv4 address; select() finds it, honours TBVERBS_GID_INDEX, and when
-  //    there is none says why (only fe80:: entries) and how to fix it. With several cables,
-  //    select(<IPv4 address of the bootstrap socket>) picks the entry of that cable instead.
+  //    there is none says why (only fe80:: entries) and how to fix it. A Mac with several
+  //    cables has one such entry per port: when the bootstrap connection runs over the cable
+  //    itself, the entry matching its local address is the one whose peer is at the other end.
   const tbverbs::GidTable table = check(ctx.gid_table(1));
-  const tbverbs::GidSelection gid = check(table.select());
+  auto chosen = table.select();
+  if (const std::optional<std::uint32_t> local = local_ipv4(sock)) {
+    if (auto matching = table.select(*local)) chosen = std::move(matching);
+  }
+  const tbverbs::GidSelection gid = check(std::move(chosen));
   say("device " + std::string(ctx.name()) + ", GID[" + std::to_string(gid.index()) + "] " +
       gid.gid().to_string() + " (" + std::string(gid.reason()) + ")");
 
