@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "local.hpp"
@@ -23,7 +24,16 @@
 namespace emu {
 namespace {
 
-constexpr int64_t kSpinNs = 5 * 1000;      // spin this long on an empty CQ before napping
+// How long poll_cq spins on an empty CQ before napping: TBVERBS_EMU_SPIN_US (default 5).
+// Longer spins lower the latency on an idle machine and raise it on a loaded one.
+int64_t spin_ns() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("TBVERBS_EMU_SPIN_US");
+    long us = e && *e ? std::strtol(e, nullptr, 10) : 5;
+    return int64_t(std::clamp(us, 0L, 1000000L)) * 1000;
+  }();
+  return v;
+}
 constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 
 std::mutex g_pending_mu;
@@ -645,13 +655,13 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     // The "hardware" is the peer process. A poller spinning on an empty CQ competes
     // with it for the CPU, and on a loaded machine every hand-off then costs a
     // scheduler slice (sched_yield is no better: EEVDF queues the yielder behind
-    // everyone). So once the CQ has been empty for kSpinNs, sleep on its tail (a
+    // everyone). So once the CQ has been empty for spin_ns(), sleep on its tail (a
     // shared futex the producer wakes) for at most kPollSleepNs: a woken sleeper
     // runs promptly, and an idle CQ costs at most that much per poll.
     int64_t now = now_ns();
     if (c->empty_since_ns == 0) {
       c->empty_since_ns = now;
-    } else if (now - c->empty_since_ns > kSpinNs) {
+    } else if (now - c->empty_since_ns > spin_ns()) {
       __atomic_add_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
       if (__atomic_load_n(&s.tail, __ATOMIC_SEQ_CST) == tail) {
         timespec ts{0, kPollSleepNs};
