@@ -76,8 +76,15 @@ struct DeviceReport {
   std::uint64_t guid = 0;
   tbverbs::Platform platform = tbverbs::Platform::any;
   std::optional<ErrorReport> open_error;
+  std::optional<tbverbs::DeviceAttributes> limits;
   std::vector<PortReport> ports;
 };
+
+// The preset QpRecipe::for_platform() would pick for this device, in words.
+std::string_view recipe_text(tbverbs::Platform p) {
+  return p == tbverbs::Platform::apple ? "QpRecipe::thunderbolt (UC, path MTU 1024, SEND/RECV only, depths in 4 KiB frames)"
+                                       : "QpRecipe::rdma_core_rc (RC, path MTU 1024, rnr_retry 7, RDMA WRITE allowed)";
+}
 
 std::string_view platform_text(tbverbs::Platform p) {
   switch (p) {
@@ -157,7 +164,10 @@ DeviceReport inspect_device(const tbverbs::Library& lib, const tbverbs::Device& 
     return d;
   }
   int ports = 1;
-  if (auto attr = ctx->query_device(); attr && attr->phys_port_cnt > 0) ports = attr->phys_port_cnt;
+  if (auto attr = ctx->query_device()) {
+    d.limits = *attr;
+    if (attr->phys_port_cnt > 0) ports = attr->phys_port_cnt;
+  }
   for (int p = 1; p <= ports && p <= 255; ++p) d.ports.push_back(inspect_port(*ctx, static_cast<std::uint8_t>(p)));
   return d;
 }
@@ -186,6 +196,10 @@ void print_text(std::ostream& out, const std::string& library, tbverbs::Platform
       print_error(out, *d.open_error, "  ", "error: ");
       continue;
     }
+    if (d.limits)
+      out << "  limits: " << d.limits->max_qp << " QPs, " << d.limits->max_mr << " memory regions, "
+          << d.limits->max_qp_wr << " work requests per queue, " << d.limits->max_cqe << " CQ entries\n";
+    out << "  recipe: " << recipe_text(d.platform) << '\n';
     for (const PortReport& p : d.ports) {
       out << "  port " << p.port << ":";
       if (!p.attr) {
@@ -230,6 +244,10 @@ nlohmann::json to_json(const std::string& library, tbverbs::Platform lib_platfor
   for (const DeviceReport& d : devices) {
     nlohmann::json jd{{"name", d.name}, {"guid", hex64(d.guid)}, {"platform", platform_text(d.platform)}};
     if (d.open_error) jd["error"] = to_json(*d.open_error);
+    jd["recipe"] = recipe_text(d.platform);
+    if (d.limits)
+      jd["limits"] = {{"max_qp", d.limits->max_qp}, {"max_mr", d.limits->max_mr}, {"max_qp_wr", d.limits->max_qp_wr},
+                      {"max_cqe", d.limits->max_cqe}, {"max_mr_size", d.limits->max_mr_size}};
     jd["ports"] = nlohmann::json::array();
     for (const PortReport& p : d.ports) {
       nlohmann::json jp{{"port", p.port}, {"usable", p.usable()}};
