@@ -2,8 +2,7 @@
 #if __has_include(<tbverbs/tbverbs.hpp>)
 #include <tbverbs/tbverbs.hpp>
 #else
-// Note for the lead: <tbverbs/tbverbs.hpp> (the umbrella) does not exist yet; drop this fallback
-// once it does.
+// Only while the umbrella header did not exist yet; every tbverbs tree now has it.
 #include <tbverbs/error.hpp>
 #endif
 
