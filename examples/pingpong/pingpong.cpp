@@ -53,6 +53,10 @@
 #include <utility>
 #include <vector>
 
+#ifndef MSG_NOSIGNAL // macOS: no such flag; SIGPIPE is ignored in main() instead
+#define MSG_NOSIGNAL 0
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -660,6 +664,8 @@ int usage(const char* argv0, int status) {
 } // namespace
 
 int main(int argc, char** argv) {
+  // A peer that exits closes the bootstrap socket: report that as an error, don't die of SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
