@@ -41,6 +41,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 TBVERBS_NAMESPACE_BEGIN
@@ -475,7 +476,7 @@ private:
 
 /// The numeric host of a socket address ("10.0.0.2", "::1").
 inline std::string numeric_host(const sockaddr_storage& ss, socklen_t len) {
-  char host[NI_MAXHOST] = {};
+  char host[1025] = {};  // NI_MAXHOST, which macOS hides under strict POSIX
   if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, nullptr, 0,
                     NI_NUMERICHOST) != 0)
     return "?";

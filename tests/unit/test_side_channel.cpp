@@ -7,6 +7,7 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -14,6 +15,9 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace std::chrono_literals;
 using tbverbs::Error;
@@ -603,6 +607,62 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
   CHECK(errors[1].kind == ErrorKind::result_mismatch);
   CHECK(has(errors[1], "rank 0 aborted: rank 0's sum is wrong"));
   CHECK(took[1] < 2000ms);
+}
+
+TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a timeout (fork)", "[side_channel]") {
+  // Rank 0 is a child process; this process (no other thread running at fork) is rank 1.
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    auto o = options(0, 2, 0, 10000ms);
+    o.on_listening = [&](std::uint16_t p) { (void)!::write(pipefd[1], &p, sizeof p); };
+    auto ch = SideChannel::connect(o);
+    if (!ch) ::_exit(2);
+    (void)ch->recv_from(1);  // blocks until killed (or 10 s)
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::uint16_t port = 0;
+  pollfd p{pipefd[0], POLLIN, 0};
+  const bool got_port = ::poll(&p, 1, 5000) == 1 && ::read(pipefd[0], &port, sizeof port) == sizeof port;
+  ::close(pipefd[0]);
+  auto reap = [&] {
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  };
+  if (!got_port) reap();
+  REQUIRE(got_port);
+  auto ch = SideChannel::connect(options(1, 2, port, 5000ms));
+  if (!ch) reap();
+  REQUIRE(ch);
+  SECTION("SIGKILL: peer_lost naming rank 0, long before the deadline") {
+    ::kill(pid, SIGKILL);
+    const auto t0 = Clock::now();
+    auto r = ch->recv_from(0);
+    const auto took = Clock::now() - t0;
+    reap();
+    REQUIRE_FALSE(r);
+    INFO(r.error().message());
+    CHECK(r.error().kind == ErrorKind::peer_lost);
+    CHECK(has(r.error(), "rank 0 (coordinator 127.0.0.1:"));
+    CHECK(has(r.error(), "closed its side channel during recv_from"));
+    CHECK(took < 2s);
+  }
+  SECTION("SIGSTOP: timeout, and the probe still sees it alive") {
+    ::kill(pid, SIGSTOP);
+    auto r = ch->recv_from(0, Clock::now() + 300ms);
+    const auto alive = ch->check_peers();
+    reap();
+    REQUIRE_FALSE(r);
+    INFO(r.error().message());
+    CHECK(r.error().kind == ErrorKind::timeout);
+    CHECK(has(r.error(), "for rank 0"));
+    CHECK(alive);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
