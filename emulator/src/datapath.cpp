@@ -115,6 +115,12 @@ void notify_channel(Fabric& f, int32_t pid, uint32_t channel, uint32_t cq_slot) 
 
 enum class Tx { Done, Rnr, NotReady };
 
+// Packets a message of `len` bytes takes at the sender's path MTU.
+inline uint32_t packets_of(const ShmQp* me, uint64_t len) {
+  uint32_t mtu = me->mtu_bytes ? me->mtu_bytes : 1024;
+  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+
 // Everything a send needs to know about the receiving side, read once.
 struct PeerView {
   ShmQp* qp = nullptr;
@@ -207,10 +213,22 @@ Tx try_send(EmuQp* q, SendOp& op) {
     wdst.iov_base = reinterpret_cast<void*>(a);
     wdst.iov_len = op.len;
     if (op.opcode == IBV_WR_RDMA_WRITE) {
+      if (rc) {
+        Guard g(pv.qp->lock);
+        if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
+      }
       if (!copy_to(pv.pid, src, nsrc, &wdst, 1, op.len)) {
         if (rc) return Tx::NotReady;
         complete_send(q, op, IBV_WC_SUCCESS);
         return Tx::Done;
+      }
+      if (rc) {
+        uint32_t n = packets_of(q->s, op.len);
+        {
+          Guard g(pv.qp->lock);
+          pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
+        }
+        q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
       }
       complete_send(q, op, IBV_WC_SUCCESS);
       return Tx::Done;
@@ -222,9 +240,15 @@ Tx try_send(EmuQp* q, SendOp& op) {
   bool empty = false;
   {
     Guard g(pv.qp->lock);
+    if (rc && pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
     if (pv.qp->qpn != pv.qpn || pv.qp->head == pv.qp->tail) {
       empty = true;
     } else {
+      if (rc) {  // the message is taken: both ends move past its packets
+        uint32_t n = packets_of(q->s, op.len);
+        pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
+        q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
+      }
       e = pv.qp->ring[pv.qp->head & (kRecvRing - 1)];
       pv.qp->head++;
       pv.qp->recv_frames -= std::min(pv.qp->recv_frames, e.frames);

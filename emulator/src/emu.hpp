@@ -171,6 +171,12 @@ struct ShmQp {
   uint32_t recv_cq;  // CQ slot
   uint32_t min_rnr_timer;
   uint32_t drop_tx;  // fault: everything this QP sends is lost
+  // RC packet sequence numbers (24-bit): a requester whose next PSN is not what the
+  // responder expects gets no ACK, retries, and ends in RETRY_EXC_ERR, as with a
+  // botched PSN exchange on a real RC NIC. UC resynchronises on every new message.
+  uint32_t sq_psn;   // next PSN this QP sends
+  uint32_t rq_psn;   // next PSN this QP expects
+  uint32_t mtu_bytes;
   uint32_t max_recv_wr;
   uint32_t recv_frames;  // frames (Thunderbolt) or WRs outstanding in the ring
   uint32_t head, tail;   // free-running ring indices

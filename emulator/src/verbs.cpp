@@ -725,6 +725,8 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     x.access = 0;
     x.recv_cq = reinterpret_cast<EmuCq*>(init->recv_cq)->slot;
     x.min_rnr_timer = 0;
+    x.sq_psn = x.rq_psn = 0;
+    x.mtu_bytes = 1024;
     x.drop_tx = 0;
     x.max_recv_wr = cap.max_recv_wr;
     x.recv_frames = 0;
@@ -880,6 +882,8 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     s->dest_qpn = attr->dest_qp_num & 0xffffff;
     s->peer_port = peer;
     if (rc) s->min_rnr_timer = attr->min_rnr_timer;
+    s->rq_psn = attr->rq_psn & 0xffffff;
+    s->mtu_bytes = 128u << attr->path_mtu;  // IBV_MTU_256 = 1
     q->attr.ah_attr = attr->ah_attr;
     q->attr.path_mtu = attr->path_mtu;
     q->attr.dest_qp_num = attr->dest_qp_num;
@@ -895,7 +899,10 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
       if (rc) req |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
       if (!need(req)) return EINVAL;
     }
-    if (mask & IBV_QP_SQ_PSN) q->attr.sq_psn = attr->sq_psn;
+    if (mask & IBV_QP_SQ_PSN) {
+      q->attr.sq_psn = attr->sq_psn;
+      s->sq_psn = attr->sq_psn & 0xffffff;
+    }
     if (mask & IBV_QP_TIMEOUT) q->attr.timeout = attr->timeout;
     if (mask & IBV_QP_RETRY_CNT) q->attr.retry_cnt = attr->retry_cnt & 7;
     if (mask & IBV_QP_RNR_RETRY) q->attr.rnr_retry = attr->rnr_retry & 7;

@@ -452,3 +452,53 @@ TEST_CASE("RC over an unreachable dgid (rc profile) connects, then sends fail wi
   REQUIRE(poll_one(a.cq, &wc, 3000));
   CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
 }
+
+TEST_CASE("RC needs matching PSNs (RETRY_EXC_ERR otherwise); UC resynchronises", "[rc][psn]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  for (ibv_qp_type t : {IBV_QPT_RC, IBV_QPT_UC}) {
+    Side a, b;
+    REQUIRE(a.open("hostA", "rdma_en1", t));
+    REQUIRE(b.open("hostB", "rdma_en1", t));
+    REQUIRE(connect_pair(a, b));  // PSN 0 both ways
+    // Re-connect a's send side with a PSN b does not expect.
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_RTS;
+    at.sq_psn = 0x123456;
+    REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+    REQUIRE(post_recv(b, 1, 0, 4096) == 0);
+    REQUIRE(post_send(a, 1, 0, 3000) == 0);
+    ibv_wc wc{};
+    REQUIRE(poll_one(a.cq, &wc, 3000));
+    if (t == IBV_QPT_RC) {
+      CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+      CHECK(quiet(b.cq, 20));
+    } else {
+      CHECK(wc.status == IBV_WC_SUCCESS);
+      REQUIRE(poll_one(b.cq, &wc));
+      CHECK(wc.byte_len == 3000);
+    }
+  }
+  // Matching PSNs keep working across multi-packet messages (3000 B = 3 packets at MTU 1024).
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC));
+  REQUIRE(connect_pair(a, b));
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(post_recv(b, i, 0, 4096) == 0);
+    REQUIRE(post_send(a, i, 0, 3000) == 0);
+    ibv_wc wc{};
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    REQUIRE(poll_one(b.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+  }
+  REQUIRE(post_send(a, 9, 0, 64, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 0, reinterpret_cast<uint64_t>(b.buf.data()),
+                    b.mr->rkey) == 0);
+  ibv_wc wc{};
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  REQUIRE(post_recv(b, 10, 0, 4096) == 0);
+  REQUIRE(post_send(a, 10, 0, 100) == 0);
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+}
