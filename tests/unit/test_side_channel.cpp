@@ -398,6 +398,31 @@ TEST_CASE("side channel: send_to/recv_from around a ring, both directions, large
   CHECK(ok == size);
 }
 
+TEST_CASE("side channel: large all_gather results, and contributions above the frame cap", "[side_channel]") {
+  std::vector<std::string> why(4, "did not finish");
+  run_ranks(4, [&](int rank, SideChannel& ch) {
+    auto& w = why[static_cast<std::size_t>(rank)];
+    std::vector<std::byte> mine(2u << 20, static_cast<std::byte>(0x10 + rank));  // 4 x 2 MiB
+    auto all = ch.all_gather(mine);
+    if (!all) { w = all.error().message(); return; }
+    for (int r = 0; r < 4; ++r) {
+      const auto& b = (*all)[static_cast<std::size_t>(r)];
+      if (b.size() != mine.size() || b.front() != static_cast<std::byte>(0x10 + r) ||
+          b.back() != static_cast<std::byte>(0x10 + r)) { w = "wrong contents"; return; }
+    }
+    // Refused locally, before anything is sent: the channel stays usable.
+    std::vector<std::byte> huge((64u << 20) + 1);
+    auto s = ch.send_to((rank + 1) % 4, huge);
+    if (s || s.error().kind != ErrorKind::invalid_argument) { w = "oversized send_to was not refused"; return; }
+    if (auto b = ch.barrier(); !b) { w = b.error().message(); return; }
+    w.clear();
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(why[static_cast<std::size_t>(r)] == "");
+  }
+}
+
 TEST_CASE("side channel: a recv_from timeout is harmless; the message arrives later", "[side_channel]") {
   std::atomic<int> ok{0};
   run_ranks(2, [&](int rank, SideChannel& ch) {
