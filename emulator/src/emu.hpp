@@ -51,6 +51,7 @@ struct PortDef {
   uint32_t initial_ip = 0;     // host byte order
   uint32_t initial_prefix = 0;
   int peer = -1;               // global index of the port at the other end of the cable
+  uint32_t ipv4_gid_index = 1; // where ::ffff:a.b.c.d appears; 1..index-1 hold more fe80:: entries
 };
 
 struct DeviceDef {
@@ -229,10 +230,12 @@ void collect_dead(Shared* s);
 // ---------------------------------------------------------------- port view
 
 bool port_active(const Fabric& f, int port);  // own end up, cabled, other end up
-// GID table: index 0 = fe80::<id>; index 1 = ::ffff:ipv4 while the port has one.
+// GID table: index 0 = fe80::<id>; index 1 = ::ffff:ipv4 while the port has one
+// (or, with "ipv4_gid_index": N in the fabric file, fe80:: entries at 1..N-1 and
+// the IPv4-mapped entry at N, as some Macs report).
 uint32_t gid_table_len(const Fabric& f, int port);
 bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out);
-// The port whose GID table holds `gid` at index 1 (IPv4-mapped) or 0, or -1.
+// The port whose GID table holds `gid`, or -1.
 int port_of_gid(const Fabric& f, const ibv_gid& gid);
 
 // ---------------------------------------------------------------- faults

@@ -128,6 +128,9 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
           if (st != "up" && st != "down")
             throw std::runtime_error(h.name + ":" + d.name + ": port state must be \"up\" or \"down\"");
           p.initially_up = st == "up";
+          p.ipv4_gid_index = jp.value("ipv4_gid_index", 1u);
+          if (p.ipv4_gid_index < 1 || p.ipv4_gid_index > 15)
+            throw std::runtime_error(h.name + ":" + d.name + ": ipv4_gid_index must be 1..15");
           if (jp.contains("ipv4") && !jp["ipv4"].is_null()) {
             std::string cidr = jp["ipv4"].get<std::string>();
             if (!parse_cidr(cidr, &p.initial_ip, &p.initial_prefix))
@@ -422,16 +425,19 @@ uint32_t gid_table_len(const Fabric& f, int port) {
 
 bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
   std::memset(out, 0, sizeof *out);
-  if (index == 0) {
-    // Link-local entry derived from the device GUID, present whatever the address state.
+  const uint32_t v4 = f.ports[port].ipv4_gid_index;
+  if (index < v4) {
+    // Link-local entries derived from the device GUID, present whatever the address
+    // state; index 0 is the port's own, later ones stand for other interfaces.
     out->raw[0] = 0xfe;
     out->raw[1] = 0x80;
-    uint64_t iid = be64toh(f.devices[f.ports[port].device].guid) ^ uint64_t(f.ports[port].port_num);
+    uint64_t iid = be64toh(f.devices[f.ports[port].device].guid) ^ uint64_t(f.ports[port].port_num) ^
+                   (uint64_t(index) << 56);
     iid = htobe64(iid);
     std::memcpy(out->raw + 8, &iid, 8);
     return true;
   }
-  if (index == 1) {
+  if (index == v4) {
     // Read the address once so the entry is consistent while another process changes it.
     ShmPort sp;
     std::memcpy(&sp, &f.shm->ports[port], sizeof sp);
@@ -447,7 +453,7 @@ bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
 
 int port_of_gid(const Fabric& f, const ibv_gid& gid) {
   for (size_t p = 0; p < f.ports.size(); ++p)
-    for (uint32_t i = 0; i < 2; ++i) {
+    for (uint32_t i = 0; i <= f.ports[p].ipv4_gid_index; ++i) {
       ibv_gid g;
       if (gid_at(f, static_cast<int>(p), i, &g) && std::memcmp(&g, &gid, sizeof g) == 0) return static_cast<int>(p);
     }

@@ -816,7 +816,7 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port) {
     if (!have || !gid_is_v4mapped(sgid)) return ENODATA;
     int other = f.ports[myport].peer;
     ibv_gid pg;
-    if (!port_active(f, myport) || other < 0 || !gid_is_v4mapped(ah.grh.dgid) || !gid_at(f, other, 1, &pg) ||
+    if (!port_active(f, myport) || other < 0 || !gid_is_v4mapped(ah.grh.dgid) || !gid_at(f, other, f.ports[other].ipv4_gid_index, &pg) ||
         std::memcmp(&pg, &ah.grh.dgid, sizeof pg) != 0)
       return ETIMEDOUT;  // not reachable over this cable
     *peer_port = other;

@@ -225,3 +225,20 @@ TEST_CASE("tb: RTR fails as the field saw it", "[tb][rtr]") {
   }
   SECTION("the right GID works") { CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1) == 0); }
 }
+
+TEST_CASE("tb: ipv4_gid_index moves the IPv4-mapped GID (e.g. to index 2); index 1 is then fe80 → ENODATA",
+          "[tb][gid]") {
+  TempFabric f(R"({"hosts": [
+      {"name": "hostA", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.1/30", "ipv4_gid_index": 2}]}]},
+      {"name": "hostB", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.2/30", "ipv4_gid_index": 2}]}]}],
+    "cables": [["hostA:rdma_en1", "hostB:rdma_en1"]]})");
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1"));
+  REQUIRE(b.open("hostB", "rdma_en1"));
+  ibv_gid g1 = gid_of(a.ctx, 1), g2 = gid_of(a.ctx, 2), want = make_v4_gid(10, 0, 0, 1);
+  CHECK(g1.raw[0] == 0xfe);
+  CHECK(std::memcmp(&g2, &want, sizeof want) == 0);
+  REQUIRE(to_init(a.qp) == 0);
+  CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 2), 1) == ENODATA);  // hard-coded index 1
+  CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 2), 2) == 0);
+}
