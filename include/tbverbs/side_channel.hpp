@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -549,7 +550,7 @@ inline Result<UniqueFd> connect_tcp(const HostPort& to, SideChannelDeadline dl, 
     }
     const int left = poll_ms(dl);
     if (!retry || left == 0) break;
-    ::poll(nullptr, 0, std::min<int>(left, static_cast<int>(interval.count())));
+    std::this_thread::sleep_for(std::min(std::chrono::milliseconds(left), interval));
     interval = std::min(interval * 2, std::chrono::milliseconds(500));
   }
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -1270,7 +1271,8 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
           Error::make(Step::side_channel, ErrorKind::timeout,
                       s.me() + " waited " + std::to_string(waited.count()) + " ms in " + std::string(op) + " for " +
                           rank_list(missing) + " to connect (not started, crashed, or cannot reach " +
-                          (s.opts.rank == 0 ? s.opts.coordinator : std::string("this rank")) + ")" + notes),
+                          (s.opts.rank == 0 ? "the coordinator " + s.opts.coordinator : std::string("this rank")) +
+                          ")" + notes),
           false);
     }
     // Pump first (owners point into strangers, which accepting below may reallocate).
