@@ -35,6 +35,8 @@ int64_t spin_ns() {
   return v;
 }
 constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
+// Last time this thread got a completion or posted work (see emu_poll_cq).
+thread_local int64_t t_last_activity_ns = 0;
 
 std::mutex g_pending_mu;
 std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
@@ -516,6 +518,7 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     return e;
   }
   uint32_t delay = fault_delay_us(f, q->ctx->host);
+  t_last_activity_ns = now_ns();
   bool deferred = false;
   int rc_ret = post_send_locked(q, wr, bad, delay, &deferred);
   if (deferred) add_pending_qp(q);  // after q->mu is released (lock order)
@@ -620,6 +623,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return e;
   }
+  t_last_activity_ns = now_ns();
   for (; wr; wr = wr->next) {
     uint32_t state = q->s->state;
     if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
@@ -679,13 +683,11 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     // The "hardware" is the peer process. A poller spinning on an empty CQ competes
     // with it for the CPU, and on a loaded machine every hand-off then costs a
     // scheduler slice (sched_yield is no better: EEVDF queues the yielder behind
-    // everyone). So once the CQ has been empty for spin_ns(), sleep on its tail (a
-    // shared futex the producer wakes) for at most kPollSleepNs: a woken sleeper
-    // runs promptly, and an idle CQ costs at most that much per poll.
-    int64_t now = now_ns();
-    if (c->empty_since_ns == 0) {
-      c->empty_since_ns = now;
-    } else if (now - c->empty_since_ns > spin_ns()) {
+    // everyone). So once this thread has seen no completion and posted nothing for
+    // spin_ns(), sleep on the CQ's tail (a shared futex the producer wakes) for at
+    // most kPollSleepNs: a woken sleeper runs promptly. A thread busy with other
+    // CQs or posts never naps here.
+    if (now_ns() - t_last_activity_ns > spin_ns()) {
       __atomic_add_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
       if (__atomic_load_n(&s.tail, __ATOMIC_SEQ_CST) == tail) {
         timespec ts{0, kPollSleepNs};
@@ -695,7 +697,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     }
     return 0;
   }
-  c->empty_since_ns = 0;
+  t_last_activity_ns = now_ns();
   uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
   for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
   __atomic_store_n(&s.head, head + n, __ATOMIC_RELEASE);

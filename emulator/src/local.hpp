@@ -51,7 +51,6 @@ struct EmuCq {
   uint32_t slot;
   ShmCq* s;
   std::atomic<int> users{0};  // QPs using it: destroy while in use is EBUSY
-  int64_t empty_since_ns = 0;  // start of the current run of empty polls (owner; a hint)
 };
 
 // A send work request that could not complete when posted (RC waiting for a
