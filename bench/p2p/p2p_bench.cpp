@@ -46,7 +46,7 @@ struct Endpoint {
   char tok[4096] = {};  // token receives are full-size so a 4 KiB echo may land in any of them
 };
 
-void open_endpoint(Endpoint& e, const char* host, size_t max_msg, uint32_t depth) {
+void open_endpoint(Endpoint& e, const char* host, size_t max_msg, uint32_t depth, bool thunderbolt) {
   setenv("TBVERBS_EMU_HOST", host, 1);
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
@@ -66,6 +66,8 @@ void open_endpoint(Endpoint& e, const char* host, size_t max_msg, uint32_t depth
   ibv_qp_init_attr a{};
   a.send_cq = a.recv_cq = e.cq;
   a.cap.max_send_wr = a.cap.max_recv_wr = depth + 8;
+  // Thunderbolt counts depth in 4 KiB frames: ask for the most (4095).
+  if (thunderbolt) a.cap.max_send_wr = a.cap.max_recv_wr = 4095;
   a.cap.max_send_sge = a.cap.max_recv_sge = 1;
   a.qp_type = IBV_QPT_UC;
   if (!(e.qp = ibv_create_qp(e.pd, &a))) die("ibv_create_qp");
@@ -204,6 +206,7 @@ int main(int argc, char** argv) {
   size_t min_size = 1024, max_size = 64u << 20;
   double budget = 256.0 * (1 << 20);
   int lat_iters = 20000;
+  std::string profile = "rdma-core-rc";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") {
@@ -211,16 +214,24 @@ int main(int argc, char** argv) {
       lat_iters = 2000;
     } else if (a == "--max" && i + 1 < argc) {
       max_size = std::strtoull(argv[++i], nullptr, 0);
+    } else if (a == "--profile" && i + 1 < argc) {
+      profile = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: p2p_bench [--quick] [--max BYTES]\n");
+      std::fprintf(stderr, "usage: p2p_bench [--quick] [--max BYTES] [--profile rdma-core-rc|thunderbolt]\n");
       return 2;
     }
   }
-  // A private two-host fabric (rdma-core-rc profile: no 16 MiB Thunderbolt message cap).
+  const bool tb = profile == "thunderbolt";
+  if (!tb && profile != "rdma-core-rc") {
+    std::fprintf(stderr, "p2p_bench: unknown profile %s\n", profile.c_str());
+    return 2;
+  }
+  if (tb) max_size = std::min<size_t>(max_size, 8u << 20);  // Thunderbolt's cap is 4095 frames
+  // A private two-host fabric (default rdma-core-rc: no 16 MiB Thunderbolt message cap).
   char tmpl[] = "/tmp/tbverbs-p2p-XXXXXX";
   if (!mkdtemp(tmpl)) die("mkdtemp");
   std::string fabric = std::string(tmpl) + "/fabric.json";
-  std::ofstream(fabric) << R"({"profile": "rdma-core-rc", "hosts": [
+  std::ofstream(fabric) << R"({"profile": ")" << profile << R"(", "hosts": [
       {"name": "hostA", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.1/30"}]}]},
       {"name": "hostB", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.2/30"}]}]}],
     "cables": [["hostA:rdma_en1:1", "hostB:rdma_en1:1"]]})";
@@ -233,7 +244,7 @@ int main(int argc, char** argv) {
   if (child < 0) die("fork");
   const bool sender = child != 0;
   Endpoint e;
-  open_endpoint(e, sender ? "hostA" : "hostB", max_size, 64);
+  open_endpoint(e, sender ? "hostA" : "hostB", max_size, 64, tb);
   int fd = sender ? sv[0] : sv[1];
   uint32_t mine = e.qp->qp_num, theirs = 0;
   if (write(fd, &mine, 4) != 4 || read(fd, &theirs, 4) != 4) die("qpn exchange");
