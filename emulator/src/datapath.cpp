@@ -574,7 +574,7 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
       continue;
     }
-    uint64_t max_msg = tb ? uint64_t(kTbMaxDepth) * kFrame : (1ull << 31);
+    uint64_t max_msg = tb ? uint64_t(kTbMaxDepth) * kFrame : (1ull << 30);
     if (op.len > max_msg) {
       complete_send(q, op, IBV_WC_LOC_LEN_ERR);
       qp_to_error(q);

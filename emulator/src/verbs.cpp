@@ -55,7 +55,7 @@ void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
   a->active_mtu = IBV_MTU_1024;
   a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
   a->port_cap_flags = 0;
-  a->max_msg_sz = tb ? kTbMaxDepth * kFrame : (1u << 31);
+  a->max_msg_sz = tb ? kTbMaxDepth * kFrame : (1u << 30);  // one process_vm_writev call
   a->pkey_tbl_len = 1;
   a->lid = 0;
   a->max_vl_num = 1;
