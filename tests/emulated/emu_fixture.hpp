@@ -75,6 +75,7 @@ struct PortSpec {
   std::string device = "rdma_en1";
   std::optional<std::string> ipv4; // "a.b.c.d/prefix", none: only fe80:: in the GID table
   bool up = true;
+  int ipv4_gid_index = 1; // where the ::ffff: entry appears (fe80:: entries below it), as on some Macs
 };
 
 /// The emulator's control API (emulator/include/tbverbs_emu/control.h), resolved from the same
@@ -120,6 +121,7 @@ public:
     auto port = [](const PortSpec& p) {
       std::string s = "{\"port\": 1, \"state\": \"" + std::string(p.up ? "up" : "down") + "\"";
       if (p.ipv4) s += ", \"ipv4\": \"" + *p.ipv4 + "\"";
+      if (p.ipv4_gid_index != 1) s += ", \"ipv4_gid_index\": " + std::to_string(p.ipv4_gid_index);
       return s + "}";
     };
     auto host = [&](const PortSpec& p) {

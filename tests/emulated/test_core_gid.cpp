@@ -6,6 +6,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 using namespace emu_test;
@@ -165,4 +166,42 @@ TEST_CASE("core/gid: an IPv4 address changed between two table reads: the new ta
   CHECK(second.index() == 1);
   CHECK(second.gid().to_string() == "::ffff:10.99.0.5");
   ok(second.revalidate());
+}
+
+TEST_CASE("core/gid: the ::ffff: entry at index 2 and 7 is found, and RTR uses that index on both sides",
+          "[core][gid]") {
+  // mlx#3389: sgid_index hard-coded to 1 while the IPv4-mapped GID sat at index 2.
+  PortSpec a = host_a(), b = host_b();
+  a.ipv4_gid_index = 2;
+  b.ipv4_gid_index = 7;
+  Fabric fabric(a, b);
+  Side sa = Side::open(fabric, fabric.a());
+  Side sb = Side::open(fabric, fabric.b());
+  const auto table_a = ok(sa.ctx.gid_table(1));
+  CHECK(table_a.at(1).is_link_local());
+  const auto sel_a = ok(table_a.select());
+  CHECK(sel_a.index() == 2);
+  CHECK(sel_a.gid().to_string() == "::ffff:10.99.0.1");
+  CHECK(ok(ok(sb.ctx.gid_table(1)).select()).index() == 7);
+
+  // The recipe's RTR source index and its advertised GID are both that entry ...
+  const auto recipe = tbverbs::QpRecipe::thunderbolt(sel_a);
+  CHECK(recipe.local_endpoint(1, 1).gid == sel_a.gid());
+  CHECK(recipe.rtr_transition(recipe.local_endpoint(1, 1)).attr.ah_attr.grh.sgid_index == 2);
+
+  // ... and the emulated driver accepts RTR on both sides and delivers data.
+  Pair p = connect(sa, sb, [](const tbverbs::GidSelection& s) { return tbverbs::QpRecipe::thunderbolt(s); });
+  ok(p.b.recv(5, ok(sb.mr.sge(0, 100))));
+  std::memcpy(sa.mr.data(), "index two to index seven", 25);
+  ok(p.a.send(6, ok(sa.mr.sge(0, 100))));
+  const auto wc = wait_one(sb.cq);
+  CHECK(wc.wr_id() == 5);
+  CHECK(wc.byte_len() == 100);
+  CHECK(std::memcmp(sb.mr.data(), "index two to index seven", 25) == 0);
+
+  // Index 1 from the operator (the hard-coded value of the field report) is refused before RTR.
+  EnvGuard env("TBVERBS_GID_INDEX", "1");
+  const tbverbs::Error e = err(table_a.select());
+  CHECK(e.kind == tbverbs::ErrorKind::gid_index_invalid);
+  CHECK_THAT(e.message(), ContainsSubstring("not an IPv4-mapped entry"));
 }
