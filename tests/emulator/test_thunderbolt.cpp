@@ -78,7 +78,7 @@ TEST_CASE("tb: at most 10 QPs per device, counted across processes", "[tb][qp]")
   REQUIRE(read(done[0], &r, 1) == 1);
   REQUIRE(r == 'y');
   CHECK(tbemu_qp_count(f.p(), "hostA", "rdma_en1") == 6);
-  std::vector<ibv_qp*> mine;
+  std::vector<ibv_qp*> mine{s.qp};
   for (int i = 0; i < 4; ++i) {  // QPs 7..10
     REQUIRE(s.create_qp());
     mine.push_back(s.qp);
