@@ -142,7 +142,7 @@ TEST_CASE("RDMA WRITE and WRITE_WITH_IMM on the rc profile, with rkey/bounds/acc
   }
   SECTION("region without REMOTE_WRITE: REM_ACCESS_ERR") {
     std::vector<char> ro(4096, 0);
-    ibv_mr* mr = ibv_reg_mr(b.pd, ro.data(), ro.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr* mr = ibv_reg_mr(b.pd, ro.data(), ro.size(), static_cast<int>(IBV_ACCESS_LOCAL_WRITE));
     REQUIRE(mr);
     REQUIRE(post_send(a, 3, 0, 64, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 0, reinterpret_cast<uint64_t>(ro.data()),
                       mr->rkey) == 0);
@@ -333,7 +333,7 @@ TEST_CASE("completion channel: a real fd woken by a sender in another process", 
   ibv_cq* cq = ibv_create_cq(ctx, 16, &marker, ch, 0);
   REQUIRE(cq);
   std::vector<char> buf(4096);
-  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), static_cast<int>(IBV_ACCESS_LOCAL_WRITE));
   ibv_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = cq;
   ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
