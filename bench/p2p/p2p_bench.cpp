@@ -61,8 +61,8 @@ void open_endpoint(Endpoint& e, const char* host, size_t max_msg, uint32_t depth
   e.data = static_cast<char*>(aligned_alloc(4096, max_msg));
   if (!e.data) die("aligned_alloc");
   std::memset(e.data, 1, max_msg);  // fault the pages in before timing
-  if (!(e.data_mr = ibv_reg_mr(e.pd, e.data, max_msg, IBV_ACCESS_LOCAL_WRITE))) die("ibv_reg_mr");
-  if (!(e.tok_mr = ibv_reg_mr(e.pd, e.tok, sizeof e.tok, IBV_ACCESS_LOCAL_WRITE))) die("ibv_reg_mr");
+  if (!(e.data_mr = ibv_reg_mr(e.pd, e.data, max_msg, static_cast<int>(IBV_ACCESS_LOCAL_WRITE)))) die("ibv_reg_mr");
+  if (!(e.tok_mr = ibv_reg_mr(e.pd, e.tok, sizeof e.tok, static_cast<int>(IBV_ACCESS_LOCAL_WRITE)))) die("ibv_reg_mr");
   ibv_qp_init_attr a{};
   a.send_cq = a.recv_cq = e.cq;
   a.cap.max_send_wr = a.cap.max_recv_wr = depth + 8;
