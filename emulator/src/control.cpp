@@ -2,13 +2,16 @@
 #include "tbverbs_emu/control.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <sstream>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "emu.hpp"
 
@@ -215,6 +218,29 @@ EMU_EXPORT int tbemu_fault_sticky_loss(const char* fabric, const char* host) {
   ft->host = h;
   __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultStickyLoss), __ATOMIC_RELEASE);
   __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_kill_host(const char* fabric, const char* host, int sig, int* killed) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h;
+  if (int e = host_index(*f, host, &h)) return e;
+  if (h < 0) return fail(EINVAL, "kill-host needs a host");
+  std::vector<int32_t> pids;
+  {
+    Guard g(f->shm->lock);
+    collect_dead(f->shm);
+    for (const auto& q : f->shm->qps)
+      if (q.in_use && f->devices[q.device].host == h &&
+          std::find(pids.begin(), pids.end(), q.pid) == pids.end())
+        pids.push_back(q.pid);
+  }
+  int n = 0;
+  for (int32_t pid : pids)
+    if (pid != getpid() && ::kill(pid, sig) == 0) ++n;
+  if (killed) *killed = n;
   return 0;
 }
 

@@ -203,6 +203,11 @@ int main(int argc, char** argv) {
   fsticky->add_option("--host", fhost);
   auto* fclear = fault->add_subcommand("clear", "Remove every fault");
 
+  std::string sig_s = "KILL";
+  auto* killh = app.add_subcommand("kill-host", "Peer death: signal every process holding a QP on a host");
+  killh->add_option("host", host)->required();
+  killh->add_option("--signal", sig_s, "KILL (default), TERM, STOP, CONT or a number");
+
   int n = 10, seconds = 3600;
   bool daemonize = false;
   std::string pidfile;
@@ -251,6 +256,18 @@ int main(int argc, char** argv) {
   if (*fdelay) return check(tbemu_fault_delay(fab(), fhost.empty() ? nullptr : fhost.c_str(), usec));
   if (*fsticky) return check(tbemu_fault_sticky_loss(fab(), fhost.empty() ? nullptr : fhost.c_str()));
   if (*fclear) return check(tbemu_fault_clear(fab()));
+  if (*killh) {
+    int sig = sig_s == "KILL" ? SIGKILL : sig_s == "TERM" ? SIGTERM : sig_s == "STOP" ? SIGSTOP
+            : sig_s == "CONT" ? SIGCONT : std::atoi(sig_s.c_str());
+    if (sig <= 0) {
+      std::fprintf(stderr, "tbverbs-emu: bad signal %s\n", sig_s.c_str());
+      return 2;
+    }
+    int killed = 0;
+    if (int rc = check(tbemu_kill_host(fab(), host.c_str(), sig, &killed))) return rc;
+    std::printf("signalled %d process(es) on %s\n", killed, host.c_str());
+    return 0;
+  }
   if (*hold) return hold_qps(fabric, host, device, n, seconds, daemonize, pidfile);
   return 0;
 }

@@ -205,3 +205,25 @@ TEST_CASE("run-time changes: port down mid-run loses UC traffic and fails RC; ad
     CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
   }
 }
+
+#ifdef TBVERBS_EMU_CLI_PATH
+TEST_CASE("fault: kill-host kills the processes holding QPs on a host (peer death)", "[fault][death]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  std::string pidfile = f.dir + "/holder.pid";
+  std::string cmd = std::string(TBVERBS_EMU_CLI_PATH) + " --fabric " + f.path +
+                    " hold-qps hostB rdma_en1 -n 2 --seconds 60 --daemon --pidfile " + pidfile;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char line[256] = {};
+  bool got = fgets(line, sizeof line, p) != nullptr;
+  REQUIRE(pclose(p) == 0);
+  REQUIRE(got);
+  CHECK(tbemu_qp_count(f.p(), "hostB", "rdma_en1") == 2);
+  int killed = 0;
+  REQUIRE(tbemu_kill_host(f.p(), "hostB", SIGKILL, &killed) == 0);
+  CHECK(killed == 1);
+  int n = -1;
+  for (int i = 0; i < 100 && (n = tbemu_qp_count(f.p(), "hostB", "rdma_en1")) != 0; ++i) usleep(20000);
+  CHECK(n == 0);
+}
+#endif

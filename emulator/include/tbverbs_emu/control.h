@@ -48,6 +48,10 @@ int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec);
  * or the QP is recreated). Applies to sends posted on `host` (NULL = any). */
 int tbemu_fault_sticky_loss(const char* fabric, const char* host);
 
+/* Peer death: sends signal `sig` (e.g. SIGKILL) to every process holding a QP on
+ * `host`; returns 0 and sets *killed (may be NULL) to how many were signalled. */
+int tbemu_kill_host(const char* fabric, const char* host, int sig, int* killed);
+
 /* Removes every injected fault (drop flags on existing QPs included). */
 int tbemu_fault_clear(const char* fabric);
 
