@@ -25,8 +25,6 @@
 #include <tbverbs/side_channel.hpp>
 #include <tbverbs/tbverbs.hpp>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -404,8 +402,36 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   auto last_progress = clock::now();
   auto last_check = last_progress;
   unsigned idle = 0;
+  tbverbs::Link* both[2] = {&links_[0], &links_[1]};
+  auto handle = [&](int side, std::size_t n) -> Result<void> {
+    for (std::size_t k = 0; k < n; ++k) {
+      if (wc[k].is_recv()) {
+        if (auto p = on_recv(side == 0 ? 0 : 1, wc[k]); !p) {
+          where_ = "reducing a received message";
+          return p;
+        }
+      } else {
+        ++send_done[side == 0 ? 1 : 0];  // sends on the left link are direction L
+      }
+    }
+    return {};
+  };
   for (;;) {
     bool progress = false;
+    if (idle > 16) {
+      // Nothing happened for a while: sleep on both CQs' channels (bounded), so an idle rank
+      // gives its core to the ranks that have work (the emulator runs them all on one host).
+      std::size_t which = 0;
+      auto got = tbverbs::wait_any(both, wc, which, clock::now() + std::chrono::milliseconds(10));
+      if (!got) {
+        where_ = "waiting for completions of " + describe_wait();
+        return fail(got.error());
+      }
+      if (*got > 0) {
+        if (auto h = handle(static_cast<int>(which), *got); !h) return h;
+        progress = true;
+      }
+    }
     for (int side = 0; side < 2; ++side) {
       auto got = links_[side].cq().poll(wc);
       if (!got) {
@@ -413,17 +439,8 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
                  describe_wait();
         return fail(got.error());
       }
-      for (std::size_t k = 0; k < *got; ++k) {
-        if (wc[k].is_recv()) {
-          if (auto p = on_recv(side == 0 ? 0 : 1, wc[k]); !p) {
-            where_ = "reducing a received message";
-            return p;
-          }
-        } else {
-          ++send_done[side == 0 ? 1 : 0];  // sends on the left link are direction L
-        }
-        progress = true;
-      }
+      if (auto h = handle(side, *got); !h) return h;
+      if (*got > 0) progress = true;
     }
     for (int d = 0; d < 2; ++d) {
       const int o = 1 - d;  // the other direction shares the links: its receives are our credits
@@ -455,8 +472,8 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     if (progress) {
       last_progress = now;
       idle = 0;
-    } else if (++idle > 64) {
-      ::sched_yield();  // other ranks may share this core (the emulator runs them all on one host)
+    } else {
+      ++idle;
     }
     if (now - last_check > std::chrono::milliseconds(20)) {
       last_check = now;

@@ -12,7 +12,10 @@
 #include "side_channel.hpp"
 #include "tbverbs.hpp"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -204,6 +207,16 @@ private:
 [[nodiscard]] inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
                                                              const LinkOptions& options = {});
 
+/// Sleeps until the CQ of one of `links` has completions, or `deadline` passes: arms every CQ's
+/// completion channel, polls each once (a completion that landed before arming raises no event),
+/// then sleeps on all the channels' descriptors at once. A backend with several links calls it
+/// when a round of polling found nothing, so an idle rank gives its core to the others instead of
+/// spinning (the emulator runs every rank on one host). Returns how many completions were written
+/// to `out` (0 when the deadline passed) and sets `which` to the index of their link. CQs without
+/// a channel are polled in slices of at most 1 ms. Errors: req_notify_cq, get_cq_event, the CQ's.
+[[nodiscard]] inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<WorkCompletion> out,
+                                                  std::size_t& which, SideChannelDeadline deadline);
+
 /// A connected, verified queue pair to one peer rank, with its own completion queue.
 ///
 /// After connect_links() nothing is posted on it and its CQ is empty. Post receives, then call
@@ -241,14 +254,78 @@ private:
   friend Result<std::vector<Link>> connect_links(LinkMailbox&, std::span<const LinkSpec>, const LinkOptions&);
   Link(int peer, std::uint32_t id, GidSelection gid) : peer_(peer), id_(id), gid_(std::move(gid)) {}
 
+  friend Result<std::size_t> wait_any(std::span<Link* const>, std::span<WorkCompletion>, std::size_t&,
+                                      SideChannelDeadline);
   int peer_ = -1;
   std::uint32_t id_ = 0;
   int attempts_ = 0;
+  const detail::VerbsApi* api_ = nullptr;
   GidSelection gid_;
   detail::FixedString<64> device_;
   std::optional<CompletionQueue> cq_;
   std::optional<QueuePair> qp_; // declared after cq_: destroyed first (it also keeps the CQ alive)
 };
+
+inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<WorkCompletion> out, std::size_t& which,
+                                    SideChannelDeadline deadline) {
+  using clock = std::chrono::steady_clock;
+  constexpr std::size_t max_links = 16;
+  if (links.empty() || links.size() > max_links)
+    return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "wait_any takes 1 to 16 links"));
+  bool all_channels = true;
+  for (Link* l : links) {
+    abi::ibv_cq* cq = l->cq().native_handle();
+    if (cq->channel == nullptr || l->api_ == nullptr || l->api_->get_cq_event == nullptr) {
+      all_channels = false;
+      continue;
+    }
+    if (const int rc = cq->context->ops.req_notify_cq(cq, 0); rc != 0) {
+      Error e = Error::from_return(Step::req_notify_cq, rc);
+      return fail(e.on(l->device()));
+    }
+  }
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    auto got = links[i]->cq().poll(out);
+    if (!got || *got > 0) {
+      which = i;
+      return got;
+    }
+  }
+  const auto now = clock::now();
+  if (now >= deadline) return std::size_t{0};
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+  if (!all_channels) ms = std::min<decltype(ms)>(ms, 1);
+  pollfd fds[max_links];
+  nfds_t nfds = 0;
+  std::size_t owner[max_links];
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    abi::ibv_cq* cq = links[i]->cq().native_handle();
+    if (cq->channel == nullptr) continue;
+    fds[nfds] = pollfd{cq->channel->fd, POLLIN, 0};
+    owner[nfds++] = i;
+  }
+  const int ready = ::poll(fds, nfds, static_cast<int>(std::max<decltype(ms)>(ms, 0)));
+  if (ready < 0 && errno != EINTR) return fail(Error::from_errno(Step::get_cq_event));
+  for (nfds_t k = 0; ready > 0 && k < nfds; ++k) {
+    if ((fds[k].revents & POLLIN) == 0) continue;
+    Link& l = *links[owner[k]];
+    abi::ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    if (l.api_->get_cq_event(l.cq().native_handle()->channel, &ev_cq, &ev_ctx) != 0) {
+      Error e = Error::from_errno(Step::get_cq_event);
+      return fail(e.on(l.device()));
+    }
+    l.api_->ack_cq_events(ev_cq, 1);
+  }
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    auto got = links[i]->cq().poll(out);
+    if (!got || *got > 0) {
+      which = i;
+      return got;
+    }
+  }
+  return std::size_t{0};
+}
 
 namespace detail {
 /// The warm-up payload: 32-bit words that depend on the link, the attempt and the sender, so a
@@ -331,6 +408,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       if (!prep) return fail(with_link(prep.error(), i));
       s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
       s.link->device_.assign(sp.context->name());
+      s.link->api_ = sp.context->info()->api;
       s.link->cq_.emplace(std::move(*cq));
       s.prepared.emplace(std::move(*prep));
     }
