@@ -70,7 +70,8 @@ struct LinkOptions {
   std::chrono::milliseconds liveness_interval{20};
   /// Completion-queue entries; 0 means the recipe's send plus receive depth plus a margin.
   int cq_entries = 0;
-  /// Called after each failed warm-up attempt (for progress output); may be empty.
+  /// Called after each failed warm-up attempt that will be retried (for progress output); may be
+  /// empty. The last failure is the returned error instead.
   std::function<void(std::uint32_t id, int attempt, const std::string& why)> on_retry;
 };
 
@@ -553,7 +554,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
         why += std::string(why.empty() ? "" : "; ") + "rank " + std::to_string(me) + " -> rank " +
                std::to_string(specs[i].peer) + " delivered nothing";
       s.last_failure = why;
-      if (options.on_retry) options.on_retry(specs[i].id, attempt + 1, why);
+      if (options.on_retry && attempt + 1 < options.attempts) options.on_retry(specs[i].id, attempt + 1, why);
     }
     if (all_done) {
       std::vector<Link> out;

@@ -106,6 +106,21 @@ case "$CASE" in
     expect "all_sum .*: verified$"
     echo "ok: the second run selected the new GIDs ::ffff:10.77.0.1 / ::ffff:10.77.0.2"
     ;;
+  warmup_exhausted)
+    # Every send posted on host1 is delayed beyond the warm-up's wait: each attempt fails in the
+    # direction rank 1 -> rank 0, and after the bounded number of attempts both ranks must fail
+    # at the link warm-up with an error naming the peer and the direction, not hang.
+    "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    "$CLI" -f "$FABRIC" fault delay --usec 3000000 --host host1 >/dev/null || fail "cannot inject the delay"
+    run --local 2 --fabric "$FABRIC" "$@"
+    [ $RC -ne 0 ] || fail "launcher exited 0 although rank 1 -> rank 0 never delivered in time"
+    expect_count "warm-up attempt [12] failed \(rank 1 -> rank 0 delivered nothing\); recreating" 8
+    expect_not "warm-up attempt 3 failed"
+    expect "^\[rank 0\] rank 0: FAILED during setting up the ring: link warm-up: deadline passed .*link [01] to rank 1: warm-up failed 3 times with a fresh QP each time \(rank 1 -> rank 0 delivered nothing\)"
+    expect "^\[rank 1\] rank 1: FAILED during setting up the ring: link warm-up: deadline passed .*link [01] to rank 0: warm-up failed 3 times"
+    expect_not "HUNG"
+    echo "ok: three attempts per link, then a link_warmup error naming the peer and the direction"
+    ;;
   *)
     echo "unknown case $CASE"; exit 2 ;;
 esac
