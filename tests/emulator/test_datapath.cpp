@@ -5,7 +5,10 @@
 #include <sys/wait.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <atomic>
 #include <cerrno>
+#include <memory>
+#include <thread>
 
 #include "emu_test_util.hpp"
 
@@ -501,4 +504,55 @@ TEST_CASE("RC needs matching PSNs (RETRY_EXC_ERR otherwise); UC resynchronises",
   REQUIRE(post_send(a, 10, 0, 100) == 0);
   REQUIRE(poll_one(b.cq, &wc));
   CHECK(wc.status == IBV_WC_SUCCESS);
+}
+
+TEST_CASE("threads: concurrent RC traffic on separate QPs in one process, with deferred (RNR) sends", "[threads]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  constexpr int kPairs = 3, kMsgs = 300;
+  std::vector<std::unique_ptr<Side>> a(kPairs), b(kPairs);
+  RcOpts o;
+  o.rnr_retry = 7;  // senders run ahead of receives: deferred and retried by polls
+  for (int i = 0; i < kPairs; ++i) {
+    a[i] = std::make_unique<Side>();
+    b[i] = std::make_unique<Side>();
+    REQUIRE(a[i]->open("hostA", "rdma_en1", IBV_QPT_RC, 1 << 16, 512));
+    REQUIRE(b[i]->open("hostB", "rdma_en1", IBV_QPT_RC, 1 << 16, 512));
+    REQUIRE(connect_pair(*a[i], *b[i], o));
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kPairs; ++i) {
+    threads.emplace_back([&, i] {  // sender
+      Side& s = *a[i];
+      int done = 0;
+      for (int m = 0; m < kMsgs; ++m) {
+        // A send buffer may be reused only once its send has completed (slot m % 8).
+        ibv_wc w;
+        while (done < m - 7 && poll_one(s.cq, &w, 5000)) done += w.status == IBV_WC_SUCCESS ? 1 : (++failures, 0);
+        std::memcpy(s.buf.data() + (m % 8) * 1024, &m, sizeof m);
+        if (post_send(s, m, (m % 8) * 1024, 1024) != 0) ++failures;
+        ibv_wc wc;
+        while (ibv_poll_cq(s.cq, 1, &wc) == 1) done += wc.status == IBV_WC_SUCCESS ? 1 : (++failures, 0);
+      }
+      ibv_wc wc;
+      while (done < kMsgs && poll_one(s.cq, &wc, 5000)) done += wc.status == IBV_WC_SUCCESS ? 1 : (++failures, 0);
+      if (done != kMsgs) ++failures;
+    });
+    threads.emplace_back([&, i] {  // receiver, posting late and in small batches
+      Side& r = *b[i];
+      int got = 0, posted = 0;
+      while (got < kMsgs) {
+        if (posted - got < 4 && posted < kMsgs) post_recv(r, posted, (posted % 8) * 1024, 1024), ++posted;
+        ibv_wc wc;
+        if (ibv_poll_cq(r.cq, 1, &wc) == 1) {
+          int v = -1;
+          std::memcpy(&v, r.buf.data() + (wc.wr_id % 8) * 1024, sizeof v);
+          if (wc.status != IBV_WC_SUCCESS || v != static_cast<int>(wc.wr_id)) ++failures;
+          ++got;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures.load() == 0);
 }
