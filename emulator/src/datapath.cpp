@@ -24,15 +24,25 @@
 namespace emu {
 namespace {
 
-// How long poll_cq spins on an empty CQ before napping: TBVERBS_EMU_SPIN_US (default 5).
-// Longer spins lower the latency on an idle machine and raise it on a loaded one.
+// How long poll_cq spins on an empty CQ before napping. TBVERBS_EMU_SPIN_US fixes it;
+// otherwise 50 µs while the machine has a spare core (1-minute load average + 1 below
+// the core count, re-read every 200 ms) and 5 µs when it has not: spinning only
+// helps while the peer process has a core of its own.
 int64_t spin_ns() {
-  static const int64_t v = [] {
+  static const long fixed_us = [] {
     const char* e = std::getenv("TBVERBS_EMU_SPIN_US");
-    long us = e && *e ? std::strtol(e, nullptr, 10) : 5;
-    return int64_t(std::clamp(us, 0L, 1000000L)) * 1000;
+    return e && *e ? std::clamp(std::strtol(e, nullptr, 10), 0L, 1000000L) : -1L;
   }();
-  return v;
+  if (fixed_us >= 0) return int64_t(fixed_us) * 1000;
+  static const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  static std::atomic<int64_t> spin{5000}, checked{0};
+  int64_t now = now_ns();
+  if (now - checked.load(std::memory_order_relaxed) > 200'000'000) {
+    checked.store(now, std::memory_order_relaxed);
+    double load = 0;
+    if (getloadavg(&load, 1) == 1) spin.store(load + 1.0 < double(cores) ? 50'000 : 5'000, std::memory_order_relaxed);
+  }
+  return spin.load(std::memory_order_relaxed);
 }
 constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 // Last time this thread got a completion or posted work (see emu_poll_cq).
