@@ -192,7 +192,8 @@ public:
 
   /// The resolved function table.
   const detail::VerbsApi& api() const noexcept { return *api_; }
-  /// The path it was loaded from.
+  /// The path it was loaded from, followed by "(resolved to FILE)" when the dynamic loader
+  /// returned another file (a library with the same soname was already loaded).
   std::string_view path() const noexcept { return api_->origin; }
   /// The provider family guessed from the library name.
   Platform platform() const noexcept { return api_->platform; }
@@ -204,7 +205,7 @@ private:
     auto& reg = detail::loaded_tables();
     std::lock_guard lock(reg.mutex);
     for (const auto& t : reg.tables)
-      if (t.origin == path) return Library(&t);
+      if (t.origin == path || t.origin.starts_with(path + " (resolved to ")) return Library(&t);
     // RTLD_LOCAL: the real library and the emulator (same symbol names) must not interpose.
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
@@ -218,6 +219,12 @@ private:
     api.origin = path;
     api.platform = detail::platform_of_path(path);
     if (auto r = detail::resolve_all(handle, api); !r) return fail(r.error());
+    // A bare name whose soname is already loaded (the emulator is also "libibverbs.so.1") gives
+    // back that library: name the file the functions really come from, so errors never mislead.
+    Dl_info where{};
+    if (::dladdr(reinterpret_cast<void*>(api.get_device_list), &where) != 0 && where.dli_fname != nullptr &&
+        path != where.dli_fname)
+      api.origin = path + " (resolved to " + where.dli_fname + ")";
     reg.tables.push_back(std::move(api));
     return Library(&reg.tables.back());
   }
