@@ -66,7 +66,7 @@ for preset in "${presets[@]}"; do
   log="$root/build/$preset-ctest.log"
   if [ -s "$log" ]; then
     # ctest's own summary: "N% tests passed, ..." and the list of failed tests, if any.
-    sed -n -e '/tests passed/p' -e '/The following tests FAILED/,/^Errors while running CTest/p' "$log" |
+    sed -n -E -e '/^[0-9]+% tests passed/p' -e '/The following tests FAILED/,/^Errors while running CTest/p' "$log" |
       sed 's/^/    /'
   fi
 done
