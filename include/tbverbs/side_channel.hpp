@@ -1067,9 +1067,12 @@ public:
   /// when the peer dies: field-failures row 21). Reads whatever whole frames are already there
   /// into the queues, so an abort a peer sent is reported (with its kind) rather than missed.
   /// Returns peer_lost naming the first peer that closed or died. Does not poison the channel.
-  [[nodiscard]] Result<void> check_peers();
-  /// check_peers for one peer only (e.g. a ring neighbour).
-  [[nodiscard]] Result<void> check_peer(int peer);
+  /// Costs one poll() per peer: call it every few milliseconds, not on every CQ poll. In a ring,
+  /// probe all peers rather than only the neighbours: over the mesh, a dead rank's close and any
+  /// rank's abort (say, a CQ deadline two hops away) then reach every rank directly.
+  [[nodiscard]] Result<void> check_peers() noexcept;
+  /// check_peers for one peer only.
+  [[nodiscard]] Result<void> check_peer(int peer) noexcept;
 
   /// The IPv4 address of this host on the side channel's network (the local address of the
   /// connection to the coordinator; on rank 0, of the connection to rank 1), as {a, b, c, d}.
@@ -1495,7 +1498,7 @@ inline Result<std::vector<std::byte>> SideChannel::recv_from(int peer, SideChann
   return std::move(got->front().payload);
 }
 
-inline Result<void> SideChannel::check_peer(int peer) {
+inline Result<void> SideChannel::check_peer(int peer) noexcept try {
   using namespace detail::sc;
   if (auto u = usable_peer(peer, "check_peer"); !u) return u;
   State& s = *s_;
@@ -1511,10 +1514,12 @@ inline Result<void> SideChannel::check_peer(int peer) {
   if (auto e = s.take_abort(c)) return fail(*e);
   if (c.dead()) return fail(s.conn_error(c, "check_peers"));
   return {};
+} catch (...) {  // std::bad_alloc from a queue or an error text
+  return fail(Error::from_errno(Step::side_channel, ENOMEM).with_detail("check_peers: out of memory"));
 }
 
-inline Result<void> SideChannel::check_peers() {
-  if (auto u = usable("check_peers"); !u) return u;
+inline Result<void> SideChannel::check_peers() noexcept {
+  if (!s_ || s_->closed || s_->poisoned.load(std::memory_order_acquire)) return check_peer(-1);
   for (int r = 0; r < s_->opts.size; ++r)
     if (r != s_->opts.rank)
       if (auto ok = check_peer(r); !ok) return ok;

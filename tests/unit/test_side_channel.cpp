@@ -38,6 +38,12 @@ std::vector<std::byte> bytes_of(std::string_view s) {
 std::string text_of(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
 }
+/// Waits until `done()` or 10 s: no test may hang, even when another rank failed early.
+template <class Pred> void wait_until(Pred done) {
+  const auto dl = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done() && std::chrono::steady_clock::now() < dl) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 bool has(const Error& e, std::string_view needle) {
   return e.detail.view().find(needle) != std::string_view::npos;
 }
@@ -68,13 +74,18 @@ struct Root {
   }
 };
 
-/// Runs `body(rank, channel)` on `size` connected ranks (one thread each); returns the channels.
+/// Runs `body(rank, channel)` on `size` connected ranks (one thread each). The bodies start once
+/// every rank's connect() returned: a rank that aborts or closes at once must not turn another
+/// rank's connect() into the failure under test.
 template <class Body> void run_ranks(int size, Body body, std::chrono::milliseconds timeout = 5000ms) {
   Root root;
   const std::uint16_t port = root.start(size, timeout);
   std::vector<std::future<void>> done;
   std::vector<std::string> failures(static_cast<std::size_t>(size));
+  std::atomic<int> connected{0};
   auto run = [&](int rank, tbverbs::Result<SideChannel> ch) {
+    ++connected;
+    wait_until([&] { return connected == size; });
     if (!ch) {
       failures[static_cast<std::size_t>(rank)] = ch.error().message();
       return;
@@ -103,9 +114,10 @@ struct RawPeer {
   }
   void write(std::span<const std::byte> b) {
     std::size_t off = 0;
+    const auto dl = Clock::now() + 3s;
     while (off < b.size()) {
       pollfd p{fd.get(), POLLOUT, 0};
-      ::poll(&p, 1, 1000);
+      REQUIRE(::poll(&p, 1, sc::poll_ms(dl)) == 1);
       const ssize_t n = ::send(fd.get(), b.data() + off, b.size() - off, 0);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       REQUIRE(n > 0);
@@ -551,13 +563,13 @@ TEST_CASE("side channel: a stalled rank times out a collective, and the others h
   std::atomic<bool> release{false};
   run_ranks(3, [&](int rank, SideChannel& ch) {
     if (rank == 2) {  // stopped (as by SIGSTOP): alive, but never calls the barrier
-      while (!release) std::this_thread::sleep_for(5ms);
+      wait_until([&] { return release.load(); });
       return;
     }
     auto r = ch.barrier(Clock::now() + 1000ms);
     if (!r) errors[static_cast<std::size_t>(rank)] = r.error();
     if (rank == 0) release = true;
-    else while (!release) std::this_thread::sleep_for(5ms);
+    else wait_until([&] { return release.load(); });
   });
   INFO(errors[0].message());
   CHECK(errors[0].kind == ErrorKind::timeout);
@@ -619,7 +631,7 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
       return;
     }
     if (rank == 2) {  // alive, silent
-      while (!release) std::this_thread::sleep_for(5ms);
+      wait_until([&] { return release.load(); });
       return;
     }
     const auto t0 = Clock::now();
@@ -687,6 +699,30 @@ TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a ti
     CHECK(r.error().kind == ErrorKind::timeout);
     CHECK(has(r.error(), "for rank 0"));
     CHECK(alive);
+  }
+}
+
+TEST_CASE("side channel: in a ring, every rank's probe sees a CQ-deadline abort two hops away",
+          "[side_channel]") {
+  // Ranks 0..3 in a ring; rank 1 gives up on its completions. Rank 3 is not its neighbour.
+  std::vector<Error> errors(4);
+  std::atomic<int> stopped{0};
+  run_ranks(4, [&](int rank, SideChannel& ch) {
+    if (rank == 1) {
+      ch.abort(Error::make(tbverbs::Step::wait_cq, ErrorKind::timeout, "rank 1: no completion from rank 2 in 750 ms"));
+      return;
+    }
+    const auto dl = Clock::now() + 3s;
+    tbverbs::Result<void> probe;
+    while ((probe = ch.check_peers()) && Clock::now() < dl) std::this_thread::sleep_for(2ms);
+    if (!probe) errors[static_cast<std::size_t>(rank)] = probe.error();
+    ++stopped;
+    wait_until([&] { return stopped == 3; });  // nobody closes before all have seen it
+  });
+  for (int r : {0, 2, 3}) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
+    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::timeout);
+    CHECK(has(errors[static_cast<std::size_t>(r)], "rank 1 aborted: rank 1: no completion from rank 2"));
   }
 }
 
