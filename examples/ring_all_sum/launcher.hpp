@@ -92,6 +92,7 @@ struct LocalOptions {
   std::chrono::milliseconds timeout{30000};
   int kill_rank = -1;               // SIGKILL this rank ...
   std::chrono::milliseconds kill_after{0};  // ... this long after the start
+  bool stop = false;                // SIGSTOP it instead (alive but silent); SIGKILL once the others exited
   bool keep = false;                // keep the temporary directory
 };
 
@@ -184,7 +185,7 @@ inline int run_local(const LocalOptions& o) {
     std::printf("[rank %d] %s\n", i, line.c_str());
     std::fflush(stdout);
   };
-  bool killed = false;
+  bool killed = false, stopped_reaped = false;
   std::optional<clock::time_point> first_failure;
   std::vector<std::string> hung;
   for (;;) {
@@ -235,7 +236,20 @@ inline int run_local(const LocalOptions& o) {
     }
     if (o.kill_rank >= 0 && o.kill_rank < n && !killed && now - start >= o.kill_after) {
       killed = true;
-      std::printf("launcher: killing rank %d (SIGKILL) at %.3f s, as asked by --kill-rank\n", o.kill_rank, t);
+      std::printf("launcher: %s rank %d (%s) at %.3f s, as asked by %s\n", o.stop ? "stopping" : "killing", o.kill_rank,
+                  o.stop ? "SIGSTOP" : "SIGKILL", t, o.stop ? "--stop-rank" : "--kill-rank");
+      std::fflush(stdout);
+      ::kill(ranks[static_cast<std::size_t>(o.kill_rank)].pid, o.stop ? SIGSTOP : SIGKILL);
+    }
+    // A stopped rank has served its purpose once another rank gave up on it (a timeout, since its
+    // side channel stays open). It is killed then: on the emulator a stopped process may hold a
+    // lock of the shared fabric state that a peer's ibv_post_send waits for (real hardware has no
+    // such lock), and a robust mutex is released only when its owner dies, not when it stops.
+    if (o.stop && killed && first_failure && !stopped_reaped &&
+        !ranks[static_cast<std::size_t>(o.kill_rank)].exited) {
+      stopped_reaped = true;
+      std::printf("launcher: a rank gave up at %.3f s; killing the stopped rank %d\n",
+                  std::chrono::duration<double>(*first_failure - start).count(), o.kill_rank);
       std::fflush(stdout);
       ::kill(ranks[static_cast<std::size_t>(o.kill_rank)].pid, SIGKILL);
     }

@@ -152,7 +152,7 @@ struct Options {
   int timeout_ms = 30000, gid_wait_ms = 1000;
   bool csv = false, quiet = false, keep = false;
   std::string fabric, write_fabric;
-  int kill_rank = -1, kill_after_ms = 1000;
+  int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
 };
 
 int fail_rank(int rank, const std::string& where, const tbverbs::Error& e, tbverbs::SideChannel* sc) {
@@ -361,7 +361,9 @@ int main(int argc, char** argv) {
   app.add_option("--write-fabric", o.write_fabric, "--local: write the ring fabric for N hosts to this file and exit");
   app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
   app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)");
-  app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank")->capture_default_str();
+  app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)");
+  app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank or --stop-rank")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (o.local > 0) {
@@ -382,20 +384,21 @@ int main(int argc, char** argv) {
     }
     lo.fabric = o.fabric;
     lo.timeout = std::chrono::milliseconds(o.timeout_ms);
-    lo.kill_rank = o.kill_rank;
+    lo.kill_rank = o.stop_rank >= 0 ? o.stop_rank : o.kill_rank;
+    lo.stop = o.stop_rank >= 0;
     lo.kill_after = std::chrono::milliseconds(o.kill_after_ms);
     lo.keep = o.keep;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto takes_value = [&](const char* name) { return a == name; };
-      if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") ||
+      if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") || takes_value("--stop-rank") ||
           takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric")) {
         ++i;
         continue;
       }
       if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
-          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0)
+          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0)
         continue;
       lo.args.push_back(a);
     }

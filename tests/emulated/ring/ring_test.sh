@@ -57,6 +57,34 @@ case "$CASE" in
       echo "ok: rank $r exited with peer lost $(awk -v t="$t" -v k="$kill_t" 'BEGIN{printf "%.3f", t-k}') s after the kill"
     done
     ;;
+  stop)
+    # SIGSTOP one rank mid-run: it stays alive (its side channel open) but silent. A rank waiting
+    # for it must give up with "deadline passed" within the timeout (peer_lost cannot fire: the
+    # socket is open); the launcher then kills the stopped rank, and every rank exits non-zero
+    # within the timeout (plus a margin); nobody hangs.
+    n=$1; victim=$2; after_ms=$3; timeout_ms=$4; shift 4
+    run --local "$n" --stop-rank "$victim" --kill-after "$after_ms" --timeout "$timeout_ms" "$@"
+    [ $RC -ne 0 ] || fail "launcher exited 0 although a rank was stopped"
+    expect "launcher: stopping rank $victim"
+    expect_not "HUNG"
+    # The first failure is a deadline (the data path's no-progress deadline, waiting for the stopped
+    # rank or for a neighbour stuck behind it, or the side channel's barrier deadline): nothing else
+    # can notice a stopped rank.
+    expect "FAILED during .*(collective|side channel): deadline passed: (no progress for $timeout_ms ms waiting for message|.*in barrier for rank $victim)"
+    first=$(grep -E "^\[rank [0-9]+\] rank [0-9]+: FAILED during" "$OUT" | head -1)
+    echo "$first" | grep -Eq "deadline passed" || fail "the first failure is not a deadline: $first"
+    stop_t=$(sed -nE "s/^launcher: stopping rank $victim .* at ([0-9.]+) s.*/\1/p" "$OUT")
+    for ((r = 0; r < n; r++)); do
+      [ $r -eq "$victim" ] && continue
+      grep -Eq "^\[rank $r\] rank $r: FAILED during .*(deadline passed|aborted|peer lost)" "$OUT" ||
+        fail "rank $r did not report the deadline, another rank's abort or the lost peer"
+      t=$(sed -nE "s/^launcher: rank $r exited with status [1-9][0-9]* at ([0-9.]+) s/\1/p" "$OUT")
+      [ -n "$t" ] || fail "rank $r did not exit with a non-zero status"
+      awk -v t="$t" -v k="$stop_t" -v lim="$timeout_ms" 'BEGIN { exit !((t - k) * 1000 < lim + 2000) }' ||
+        fail "rank $r exited $(awk -v t="$t" -v k="$stop_t" 'BEGIN{print t-k}') s after the stop, not within the timeout"
+      echo "ok: rank $r gave up $(awk -v t="$t" -v k="$stop_t" 'BEGIN{printf "%.3f", t-k}') s after the stop"
+    done
+    ;;
   drop)
     # Everything the first QP created on host1 sends is lost: the warm-up must catch it, both
     # ends must recreate that link, and the run must still verify.
