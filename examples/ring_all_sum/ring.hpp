@@ -136,7 +136,6 @@ private:
   Result<void> open_ports(const tbverbs::Library& lib);
   Result<void> connect();
   Result<void> allocate(std::size_t max_bytes);
-  Result<void> progress_error(const Error& e);
 
   tbverbs::SideChannel& sc_;
   tbverbs::LinkMailbox mailbox_;
@@ -266,8 +265,6 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   return {};
 }
 
-inline Result<void> Ring::progress_error(const Error& e) { return fail(e); }
-
 inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
                                   const std::function<Result<void>()>& before_start) {
   using clock = std::chrono::steady_clock;
@@ -283,8 +280,8 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   const std::size_t steps = 2 * static_cast<std::size_t>(n - 1);
   const std::size_t T = steps * m;  // messages per direction
 
-  std::byte* const src = in_place ? in_.data() : in_.data();
-  std::byte* const dst = in_place ? in_.data() : out_.data();
+  std::byte* const src = in_.data();                           // this rank's contribution
+  std::byte* const dst = in_place ? in_.data() : out_.data();  // the result
   Buffer& dbuf = in_place ? in_ : out_;
   const std::size_t slot_bytes = cfg_.message_bytes;
 
@@ -490,10 +487,8 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
       return fail(e);
     }
   }
-  if (!in_place) {
-    // Nothing to do: every chunk of the output was written by a reduction or an all-gather
-    // receive, except this rank's fully reduced halves, which the last reductions wrote.
-  }
+  // Every chunk of the output was written by an all-gather receive, except this rank's fully
+  // reduced halves, which its last reductions wrote.
   return {};
 }
 

@@ -85,6 +85,32 @@ case "$CASE" in
       echo "ok: rank $r gave up $(awk -v t="$t" -v k="$stop_t" 'BEGIN{printf "%.3f", t-k}') s after the stop"
     done
     ;;
+  mlx_env)
+    # The real-hardware path, without the launcher: two processes started by hand with the MLX_*
+    # variables (as mlx.launch sets them), a JACCL device file with one cable between the two
+    # ranks (both links share rdma_en1: two QPs on one device), on the emulator's built-in fabric.
+    lib=$1; shift
+    echo '[[null, "rdma_en1"], ["rdma_en1", null]]' >"$WORK/devices.json"
+    port=$((20000 + RANDOM % 20000))
+    : >"$OUT"
+    pids=()
+    for r in 0 1; do
+      TBVERBS_LIBRARY=$lib TBVERBS_EMU_STATE_DIR=$WORK/state TBVERBS_EMU_HOST=host$r MLX_RANK=$r \
+        MLX_JACCL_COORDINATOR=127.0.0.1:$port MLX_IBV_DEVICES=$WORK/devices.json \
+        "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
+      pids+=($!)
+    done
+    rcs=0
+    for p in "${pids[@]}"; do wait "$p" || rcs=1; done
+    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
+    [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+    expect "^rank 0: right link to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
+    expect "^rank 0: left link to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
+    expect "^rank 1: left link 0 to rank 0 verified"
+    expect "^all_sum .*ranks=2 .*: verified$"
+    expect_not "MISMATCH|FAILED"
+    echo "ok: MLX_RANK / MLX_JACCL_COORDINATOR / MLX_IBV_DEVICES, one cable, two QPs on one device, verified"
+    ;;
   drop)
     # Everything the first QP created on host1 sends is lost: the warm-up must catch it, both
     # ends must recreate that link, and the run must still verify.
