@@ -52,8 +52,8 @@ using SideChannelDeadline = std::chrono::steady_clock::time_point;
 
 /// A parsed "host:port" (or "[ipv6]:port") address.
 struct HostPort {
-  std::string host;        ///< Host name or numeric address; empty means "any local address".
-  std::uint16_t port = 0;  ///< TCP port; 0 asks the system for a free one (listening only).
+  std::string host;       ///< Host name or numeric address; empty means "any local address".
+  std::uint16_t port = 0; ///< TCP port; 0 asks the system for a free one (listening only).
 
   /// "host:port", with brackets around an IPv6 literal.
   std::string to_string() const {
@@ -110,13 +110,13 @@ constexpr std::uint64_t side_channel_token(std::string_view text) noexcept {
 
 /// How a SideChannel finds its peers and how long it waits.
 struct SideChannelOptions {
-  int rank = 0;              ///< This process' rank, 0 <= rank < size. Rank 0 is the coordinator.
-  int size = 1;              ///< Number of ranks in the job.
+  int rank = 0; ///< This process' rank, 0 <= rank < size. Rank 0 is the coordinator.
+  int size = 1; ///< Number of ranks in the job.
   /// "host:port" of rank 0. Rank 0 listens there (host must be one of its addresses, or empty /
   /// 0.0.0.0 for all; port 0 picks a free port, reported through on_listening); the other ranks
   /// connect there.
   std::string coordinator;
-  std::uint64_t job_token = 0;  ///< Same on every rank of a job; frames with another token are refused.
+  std::uint64_t job_token = 0; ///< Same on every rank of a job; frames with another token are refused.
   /// Default bound of every wait: connect() as a whole, and each all_gather, barrier, send_to and
   /// recv_from called without an explicit deadline.
   std::chrono::milliseconds timeout{30000};
@@ -140,14 +140,14 @@ inline constexpr std::size_t header_bytes = 32;
 
 /// What a frame carries.
 enum class FrameType : std::uint16_t {
-  hello = 1,    ///< rank, size, listen port: identifies a connecting rank.
-  welcome,      ///< rank 0 to the others: everyone joined, plus every rank's mesh address.
-  gather_in,    ///< A rank's all_gather contribution, to rank 0.
-  gather_out,   ///< Every rank's contribution, from rank 0.
-  barrier_in,   ///< A rank reached the barrier, to rank 0.
-  barrier_out,  ///< Everyone reached the barrier, from rank 0.
-  data,         ///< A point-to-point message.
-  abort,        ///< The sender gave up: error kind, the rank where it started, and why.
+  hello = 1,   ///< rank, size, listen port: identifies a connecting rank.
+  welcome,     ///< rank 0 to the others: everyone joined, plus every rank's mesh address.
+  gather_in,   ///< A rank's all_gather contribution, to rank 0.
+  gather_out,  ///< Every rank's contribution, from rank 0.
+  barrier_in,  ///< A rank reached the barrier, to rank 0.
+  barrier_out, ///< Everyone reached the barrier, from rank 0.
+  data,        ///< A point-to-point message.
+  abort,       ///< The sender gave up: error kind, the rank where it started, and why.
 };
 /// One past the largest FrameType value.
 inline constexpr std::uint16_t frame_type_end = 9;
@@ -155,14 +155,20 @@ inline constexpr std::uint16_t frame_type_end = 9;
 /// A printable name for a frame type.
 constexpr std::string_view type_name(FrameType t) noexcept {
   switch (t) {
-  case FrameType::hello: return "hello";
-  case FrameType::welcome: return "welcome";
+  case FrameType::hello:
+    return "hello";
+  case FrameType::welcome:
+    return "welcome";
   case FrameType::gather_in:
-  case FrameType::gather_out: return "all_gather";
+  case FrameType::gather_out:
+    return "all_gather";
   case FrameType::barrier_in:
-  case FrameType::barrier_out: return "barrier";
-  case FrameType::data: return "data";
-  case FrameType::abort: return "abort";
+  case FrameType::barrier_out:
+    return "barrier";
+  case FrameType::data:
+    return "data";
+  case FrameType::abort:
+    return "abort";
   }
   return "unknown";
 }
@@ -176,21 +182,21 @@ constexpr bool is_collective(FrameType t) noexcept {
 /// magic u32 | version u16 | type u16 | job token u64 | sender u32 | length u32 |
 /// payload CRC-32 u32 | header CRC-32 u32 (over the 28 bytes before it).
 struct FrameHeader {
-  std::uint32_t magic = frame_magic;          ///< Must be frame_magic.
-  std::uint16_t version = protocol_version;   ///< Must not be newer than protocol_version.
-  std::uint16_t type = 0;                     ///< A FrameType.
-  std::uint64_t job_token = 0;                ///< The sender's job token.
-  std::uint32_t sender = 0;                   ///< The sender's rank.
-  std::uint32_t length = 0;                   ///< Payload bytes after the header.
-  std::uint32_t payload_crc = 0;              ///< CRC-32 of the payload.
-  std::uint32_t header_crc = 0;               ///< CRC-32 of header bytes 0..27.
+  std::uint32_t magic = frame_magic;        ///< Must be frame_magic.
+  std::uint16_t version = protocol_version; ///< Must not be newer than protocol_version.
+  std::uint16_t type = 0;                   ///< A FrameType.
+  std::uint64_t job_token = 0;              ///< The sender's job token.
+  std::uint32_t sender = 0;                 ///< The sender's rank.
+  std::uint32_t length = 0;                 ///< Payload bytes after the header.
+  std::uint32_t payload_crc = 0;            ///< CRC-32 of the payload.
+  std::uint32_t header_crc = 0;             ///< CRC-32 of header bytes 0..27.
 };
 
 /// A received, validated frame.
 struct Frame {
-  FrameType type = FrameType::data;  ///< What it carries.
-  int sender = -1;                   ///< The sender's rank.
-  std::vector<std::byte> payload;    ///< Its payload.
+  FrameType type = FrameType::data; ///< What it carries.
+  int sender = -1;                  ///< The sender's rank.
+  std::vector<std::byte> payload;   ///< Its payload.
 };
 
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup tables for slicing-by-8:
@@ -199,11 +205,13 @@ inline constexpr auto crc32_tables = [] {
   std::array<std::array<std::uint32_t, 256>, 8> t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    for (int k = 0; k < 8; ++k)
+      c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
     t[0][i] = c;
   }
   for (std::size_t k = 1; k < 8; ++k)
-    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
+    for (std::size_t i = 0; i < 256; ++i)
+      t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
 }();
 
@@ -221,7 +229,8 @@ constexpr std::uint32_t crc32(std::span<const std::byte> data) noexcept {
     c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
         t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
   }
-  for (; n > 0; --n, ++p) c = t[0][(c ^ u(*p)) & 0xFFu] ^ (c >> 8);
+  for (; n > 0; --n, ++p)
+    c = t[0][(c ^ u(*p)) & 0xFFu] ^ (c >> 8);
   return ~c;
 }
 
@@ -235,7 +244,8 @@ inline void put_be(std::byte* p, std::uint64_t v, int n) noexcept {
 /// Reads `n` big-endian bytes from `p`.
 inline std::uint64_t get_be(const std::byte* p, int n) noexcept {
   std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<std::uint64_t>(p[i]);
+  for (int i = 0; i < n; ++i)
+    v = (v << 8) | static_cast<std::uint64_t>(p[i]);
   return v;
 }
 
@@ -332,7 +342,7 @@ inline Result<FrameHeader> decode_header(std::span<const std::byte, header_bytes
 
 /// Appends big-endian integers and byte strings to a payload.
 struct Writer {
-  std::vector<std::byte> out;  ///< The payload so far.
+  std::vector<std::byte> out; ///< The payload so far.
   /// Appends the low `n` bytes of `v`, big-endian.
   void num(std::uint64_t v, int n) {
     const std::size_t at = out.size();
@@ -347,18 +357,24 @@ struct Writer {
 
 /// Reads a payload with bounds checks: a short read sets `ok` to false and yields zeros.
 struct Reader {
-  std::span<const std::byte> in;  ///< What is left.
-  bool ok = true;                 ///< False once a read ran past the end.
+  std::span<const std::byte> in; ///< What is left.
+  bool ok = true;                ///< False once a read ran past the end.
   /// Reads `n` big-endian bytes.
   std::uint64_t num(int n) {
-    if (!ok || in.size() < static_cast<std::size_t>(n)) { ok = false; return 0; }
+    if (!ok || in.size() < static_cast<std::size_t>(n)) {
+      ok = false;
+      return 0;
+    }
     const auto v = get_be(in.data(), n);
     in = in.subspan(static_cast<std::size_t>(n));
     return v;
   }
   /// Reads `n` raw bytes.
   std::span<const std::byte> bytes(std::size_t n) {
-    if (!ok || in.size() < n) { ok = false; return {}; }
+    if (!ok || in.size() < n) {
+      ok = false;
+      return {};
+    }
     auto b = in.first(n);
     in = in.subspan(n);
     return b;
@@ -428,7 +444,9 @@ inline void configure_socket(int fd, bool stream) noexcept {
 #ifdef TCP_KEEPCNT
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
 #endif
-  (void)idle; (void)interval; (void)count;
+  (void)idle;
+  (void)interval;
+  (void)count;
 }
 
 /// Keeps a send to a closed socket from killing the process with SIGPIPE where SO_NOSIGPIPE does
@@ -459,7 +477,7 @@ public:
       sigemptyset(&pending);
       sigpending(&pending);
       int sig = 0;
-      if (sigismember(&pending, SIGPIPE) == 1) sigwait(&pipe_, &sig);  // pending: returns at once
+      if (sigismember(&pending, SIGPIPE) == 1) sigwait(&pipe_, &sig); // pending: returns at once
     }
     pthread_sigmask(SIG_SETMASK, &old_, nullptr);
   }
@@ -477,7 +495,7 @@ private:
 
 /// The numeric host of a socket address ("10.0.0.2", "::1").
 inline std::string numeric_host(const sockaddr_storage& ss, socklen_t len) {
-  char host[1025] = {};  // NI_MAXHOST, which macOS hides under strict POSIX
+  char host[1025] = {}; // NI_MAXHOST, which macOS hides under strict POSIX
   if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, nullptr, 0,
                     NI_NUMERICHOST) != 0)
     return "?";
@@ -529,20 +547,32 @@ inline Result<UniqueFd> connect_tcp(const HostPort& to, SideChannelDeadline dl, 
       std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
         UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
-        if (fd.get() < 0) { last_errno = errno; continue; }
+        if (fd.get() < 0) {
+          last_errno = errno;
+          continue;
+        }
         configure_socket(fd.get(), true);
         int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
         if (rc == 0) return fd;
-        if (errno != EINPROGRESS && errno != EINTR) { last_errno = errno; continue; }
+        if (errno != EINPROGRESS && errno != EINTR) {
+          last_errno = errno;
+          continue;
+        }
         // The connect proceeds asynchronously (after EINTR too): wait for it to finish.
         pollfd p{fd.get(), POLLOUT, 0};
-        do rc = ::poll(&p, 1, poll_ms(dl));
+        do
+          rc = ::poll(&p, 1, poll_ms(dl));
         while (rc < 0 && errno == EINTR);
-        if (rc == 0) { last_errno = ETIMEDOUT; continue; }
+        if (rc == 0) {
+          last_errno = ETIMEDOUT;
+          continue;
+        }
         int err = 0;
         socklen_t len = sizeof err;
-        if (rc < 0) err = errno;
-        else if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (rc < 0)
+          err = errno;
+        else if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+          err = errno;
         if (err == 0) return fd;
         last_errno = err;
       }
@@ -553,13 +583,16 @@ inline Result<UniqueFd> connect_tcp(const HostPort& to, SideChannelDeadline dl, 
     std::this_thread::sleep_for(std::min(std::chrono::milliseconds(left), interval));
     interval = std::min(interval * 2, std::chrono::milliseconds(500));
   }
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   std::string d = std::string(who) + " could not connect to " + std::string(what) + " " + to.to_string() +
                   " within " + std::to_string(waited.count()) + " ms";
-  if (!last_gai.empty()) d += " (cannot resolve the host: " + last_gai + ")";
-  else if (last_errno == ECONNREFUSED) d += " (refused: nothing listens there yet; is rank 0 running?)";
-  else if (last_errno != 0) d += ": check the address, the route (route get <host>) and firewalls";
+  if (!last_gai.empty())
+    d += " (cannot resolve the host: " + last_gai + ")";
+  else if (last_errno == ECONNREFUSED)
+    d += " (refused: nothing listens there yet; is rank 0 running?)";
+  else if (last_errno != 0)
+    d += ": check the address, the route (route get <host>) and firewalls";
   Error e = Error::from_errno(Step::side_channel, last_gai.empty() ? last_errno : 0);
   e.kind = ErrorKind::timeout;
   return fail(e.with_detail(d));
@@ -587,7 +620,10 @@ inline Result<UniqueFd> listen_tcp(const HostPort& at, int backlog, std::string_
       if (any && (pass == 0) != (ai->ai_family == AF_INET)) continue;
       if (!any && pass == 1) continue;
       UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
-      if (fd.get() < 0) { last = errno; continue; }
+      if (fd.get() < 0) {
+        last = errno;
+        continue;
+      }
       configure_socket(fd.get(), false);
       int one = 1;
       ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -599,26 +635,28 @@ inline Result<UniqueFd> listen_tcp(const HostPort& at, int backlog, std::string_
     }
   }
   std::string d = std::string(who) + " cannot listen on " + at.to_string();
-  if (last == EADDRNOTAVAIL) d += ": the host is not an address of this machine (use it, or 0.0.0.0)";
-  else if (last == EADDRINUSE) d += ": the port is taken (another job still running?)";
+  if (last == EADDRNOTAVAIL)
+    d += ": the host is not an address of this machine (use it, or 0.0.0.0)";
+  else if (last == EADDRINUSE)
+    d += ": the port is taken (another job still running?)";
   return fail(Error::from_errno(Step::side_channel, last).with_detail(d));
 }
 
 /// One connection to one peer: the socket, bytes received but not yet a whole frame, whole frames
 /// not yet asked for, and why it stopped working, if it did.
 struct Conn {
-  int rank = -1;                    ///< The peer's rank; -1 until its hello arrives.
-  UniqueFd fd;                      ///< The socket.
-  std::string who;                  ///< "rank 2", or the peer's address before the hello.
-  std::vector<std::byte> rx;        ///< Receive buffer.
-  std::size_t rx_len = 0;           ///< Valid bytes in rx.
-  std::optional<FrameHeader> rx_header;  ///< The header of the frame being received.
-  std::deque<Frame> inbox;          ///< Whole frames waiting for a caller.
-  std::size_t inbox_bytes = 0;      ///< Payload bytes in inbox.
-  bool eof = false;                 ///< The peer closed the connection.
-  int lost_errno = 0;               ///< recv/send failed with this errno (ECONNRESET, EPIPE...).
-  bool tx_broken = false;           ///< A send stopped mid-frame: nothing more can be sent.
-  std::optional<Error> bad;         ///< The peer sent a bad frame: the connection was dropped.
+  int rank = -1;                        ///< The peer's rank; -1 until its hello arrives.
+  UniqueFd fd;                          ///< The socket.
+  std::string who;                      ///< "rank 2", or the peer's address before the hello.
+  std::vector<std::byte> rx;            ///< Receive buffer.
+  std::size_t rx_len = 0;               ///< Valid bytes in rx.
+  std::optional<FrameHeader> rx_header; ///< The header of the frame being received.
+  std::deque<Frame> inbox;              ///< Whole frames waiting for a caller.
+  std::size_t inbox_bytes = 0;          ///< Payload bytes in inbox.
+  bool eof = false;                     ///< The peer closed the connection.
+  int lost_errno = 0;                   ///< recv/send failed with this errno (ECONNRESET, EPIPE...).
+  bool tx_broken = false;               ///< A send stopped mid-frame: nothing more can be sent.
+  std::optional<Error> bad;             ///< The peer sent a bad frame: the connection was dropped.
 
   /// True when nothing more can be received.
   bool dead() const noexcept { return eof || lost_errno != 0 || bad.has_value() || fd.get() < 0; }
@@ -632,7 +670,7 @@ inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_
   const std::size_t chunk = std::max<std::size_t>(want > c.rx_len ? want - c.rx_len : 0, 64 * 1024);
   if (c.rx.size() < c.rx_len + chunk) c.rx.resize(c.rx_len + chunk);
   const ssize_t n = ::recv(c.fd.get(), c.rx.data() + c.rx_len, chunk, 0);
-  auto drop = [&](Error e) {  // nothing after a bad frame is trusted: no garbage is kept
+  auto drop = [&](Error e) { // nothing after a bad frame is trusted: no garbage is kept
     c.bad = e;
     c.rx = {};
     c.rx_len = 0;
@@ -642,7 +680,7 @@ inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_
     if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) c.lost_errno = errno;
     return;
   }
-  if (n == 0) {  // the peer closed: not an error number (a stale errno here misled mlx#4530)
+  if (n == 0) { // the peer closed: not an error number (a stale errno here misled mlx#4530)
     if (c.rx_len > 0) {
       drop(Error::make(Step::side_channel, ErrorKind::bad_frame,
                        c.who + " closed its side channel in the middle of a frame (truncated frame: " +
@@ -685,22 +723,22 @@ inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_
                               c.who + " sent more than " + std::to_string(max_inbox) +
                                   " bytes that no call on this rank asked for"));
   }
-  if (c.rx_len == 0 && c.rx.size() > (1u << 20)) c.rx = {};  // give back a large frame's buffer
+  if (c.rx_len == 0 && c.rx.size() > (1u << 20)) c.rx = {}; // give back a large frame's buffer
 }
 
 /// The state behind a SideChannel; heap-allocated so that poison() from another thread sees a
 /// stable object while the SideChannel handle is moved.
 struct State {
-  SideChannelOptions opts;               ///< As given to connect().
-  std::vector<Conn> conns;               ///< Indexed by rank; conns[rank] is unused.
-  std::atomic<bool> poisoned{false};     ///< Set by poison(); every wait checks it.
-  std::mutex poison_mutex;               ///< Guards poison_error.
-  Error poison_error;                    ///< Why the channel was poisoned.
-  std::vector<int> poison_fds;           ///< Sockets poison() shuts down (fixed after connect).
-  bool closed = false;                   ///< close() was called.
-  int abort_origin = -1;                 ///< Rank where the last received abort started.
-  std::string abort_text;                ///< Its text, for forwarding without re-prefixing.
-  bool last_from_abort = false;          ///< The last error of wait_frames came from an abort frame.
+  SideChannelOptions opts;           ///< As given to connect().
+  std::vector<Conn> conns;           ///< Indexed by rank; conns[rank] is unused.
+  std::atomic<bool> poisoned{false}; ///< Set by poison(); every wait checks it.
+  std::mutex poison_mutex;           ///< Guards poison_error.
+  Error poison_error;                ///< Why the channel was poisoned.
+  std::vector<int> poison_fds;       ///< Sockets poison() shuts down (fixed after connect).
+  bool closed = false;               ///< close() was called.
+  int abort_origin = -1;             ///< Rank where the last received abort started.
+  std::string abort_text;            ///< Its text, for forwarding without re-prefixing.
+  bool last_from_abort = false;      ///< The last error of wait_frames came from an abort frame.
 
   /// The rank's own name in details: "rank 3".
   std::string me() const { return "rank " + std::to_string(opts.rank); }
@@ -877,7 +915,8 @@ struct State {
           if (sent > 0) c.tx_broken = true;
           return fail(Error::make(Step::side_channel, ErrorKind::timeout,
                                   me() + " could not send its " + std::string(op) + " frame to " + c.who +
-                                      " before the deadline: " + c.who + " is not reading (stopped or busy)"));
+                                      " before the deadline: " + c.who +
+                                      " is not reading (stopped or busy)"));
         }
         if (rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
           pump_conn(c);
@@ -900,8 +939,8 @@ struct State {
   /// A queued abort, a closed or failed connection, a poisoned channel or the deadline end the wait.
   /// The other peers are watched too, for aborts only (a peer that merely closed after finishing
   /// its work does not end the wait), and only while a wanted frame is still missing.
-  Result<std::vector<Frame>> wait_frames(const std::vector<int>& ranks, FrameType want, SideChannelDeadline dl,
-                                         std::string_view op) {
+  Result<std::vector<Frame>> wait_frames(const std::vector<int>& ranks, FrameType want,
+                                         SideChannelDeadline dl, std::string_view op) {
     std::vector<std::optional<Frame>> got(ranks.size());
     last_from_abort = false;
     const auto start = std::chrono::steady_clock::now();
@@ -931,19 +970,24 @@ struct State {
         if (!o.dead()) watched.push_back(&o);
       }
       pfds.clear();
-      for (int i : pending) pfds.push_back({conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])].fd.get(), POLLIN, 0});
-      for (Conn* o : watched) pfds.push_back({o->fd.get(), POLLIN, 0});
+      for (int i : pending)
+        pfds.push_back(
+            {conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])].fd.get(), POLLIN, 0});
+      for (Conn* o : watched)
+        pfds.push_back({o->fd.get(), POLLIN, 0});
       const int ms = poll_ms(dl);
       const int rc = ::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), ms);
       if (rc < 0) {
         if (errno == EINTR) continue;
-        return fail(Error::from_errno(Step::side_channel, errno).with_detail(me() + ": poll failed during " + std::string(op)));
+        return fail(Error::from_errno(Step::side_channel, errno)
+                        .with_detail(me() + ": poll failed during " + std::string(op)));
       }
       if (rc == 0 && ms == 0) {
         std::vector<int> missing;
-        for (int i : pending) missing.push_back(ranks[static_cast<std::size_t>(i)]);
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::chrono::steady_clock::now() - start);
+        for (int i : pending)
+          missing.push_back(ranks[static_cast<std::size_t>(i)]);
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
         return fail(Error::make(Step::side_channel, ErrorKind::timeout,
                                 me() + " waited " + std::to_string(waited.count()) + " ms in " +
                                     std::string(op) + " for " + rank_list(missing) +
@@ -951,13 +995,16 @@ struct State {
       }
       for (std::size_t k = 0; k < pfds.size(); ++k) {
         if (pfds[k].revents == 0) continue;
-        if (k < pending.size()) pump_conn(conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(pending[k])])]);
-        else pump_conn(*watched[k - pending.size()]);
+        if (k < pending.size())
+          pump_conn(conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(pending[k])])]);
+        else
+          pump_conn(*watched[k - pending.size()]);
       }
     }
     std::vector<Frame> out;
     out.reserve(got.size());
-    for (auto& g : got) out.push_back(std::move(*g));
+    for (auto& g : got)
+      out.push_back(std::move(*g));
     return out;
   }
 
@@ -985,8 +1032,8 @@ struct State {
 
 /// A welcome payload: for each rank, the host and port its mesh listener is reachable at.
 struct MeshEntry {
-  std::string host;        ///< Numeric host, as rank 0 saw the rank's connection.
-  std::uint16_t port = 0;  ///< The rank's mesh listener port (0 for rank 0 and when unused).
+  std::string host;       ///< Numeric host, as rank 0 saw the rank's connection.
+  std::uint16_t port = 0; ///< The rank's mesh listener port (0 for rank 0 and when unused).
 };
 
 } // namespace sc
@@ -1055,11 +1102,14 @@ public:
     return send_to(peer, bytes, default_deadline());
   }
   /// send_to with an explicit deadline.
-  [[nodiscard]] Result<void> send_to(int peer, std::span<const std::byte> bytes, SideChannelDeadline deadline);
+  [[nodiscard]] Result<void> send_to(int peer, std::span<const std::byte> bytes,
+                                     SideChannelDeadline deadline);
 
   /// The next message send_to'd by `peer` to this rank, in order. A timeout here is harmless: a
   /// later call receives the message. Bounded by options.timeout from the call.
-  [[nodiscard]] Result<std::vector<std::byte>> recv_from(int peer) { return recv_from(peer, default_deadline()); }
+  [[nodiscard]] Result<std::vector<std::byte>> recv_from(int peer) {
+    return recv_from(peer, default_deadline());
+  }
   /// recv_from with an explicit deadline.
   [[nodiscard]] Result<std::vector<std::byte>> recv_from(int peer, SideChannelDeadline deadline);
 
@@ -1099,12 +1149,13 @@ private:
   Result<void> usable(std::string_view op) const;
   Result<void> usable_peer(int peer, std::string_view op) const;
   Result<std::vector<detail::sc::Frame>> collective(detail::sc::FrameType in, detail::sc::FrameType out,
-                                                    std::span<const std::byte> mine, std::vector<std::byte>* result,
-                                                    SideChannelDeadline dl, std::string_view op);
+                                                    std::span<const std::byte> mine,
+                                                    std::vector<std::byte>* result, SideChannelDeadline dl,
+                                                    std::string_view op);
   Result<void> rendezvous_root(SideChannelDeadline dl);
   Result<void> rendezvous_rank(SideChannelDeadline dl);
-  Result<void> accept_ranks(int listener, std::vector<int> expect, SideChannelDeadline dl, std::string_view op,
-                            std::vector<detail::sc::MeshEntry>* directory);
+  Result<void> accept_ranks(int listener, std::vector<int> expect, SideChannelDeadline dl,
+                            std::string_view op, std::vector<detail::sc::MeshEntry>* directory);
 
   std::unique_ptr<detail::sc::State> s_;
 };
@@ -1133,9 +1184,11 @@ inline Result<SideChannel> SideChannel::connect(const SideChannelOptions& o) {
   auto invalid = [](std::string d) {
     return fail(Error::make(Step::side_channel, ErrorKind::invalid_argument, d));
   };
-  if (o.size < 1 || o.size > 65536) return invalid("side channel size " + std::to_string(o.size) + " is not in 1..65536");
+  if (o.size < 1 || o.size > 65536)
+    return invalid("side channel size " + std::to_string(o.size) + " is not in 1..65536");
   if (o.rank < 0 || o.rank >= o.size)
-    return invalid("side channel rank " + std::to_string(o.rank) + " is not in 0.." + std::to_string(o.size - 1));
+    return invalid("side channel rank " + std::to_string(o.rank) + " is not in 0.." +
+                   std::to_string(o.size - 1));
   if (o.max_frame_bytes < 4096) return invalid("max_frame_bytes must be at least 4096");
   SideChannel ch;
   ch.s_ = std::make_unique<detail::sc::State>();
@@ -1156,10 +1209,11 @@ inline Result<SideChannel> SideChannel::connect(const SideChannelOptions& o) {
 }
 
 inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> expect, SideChannelDeadline dl,
-                                              std::string_view op, std::vector<detail::sc::MeshEntry>* directory) {
+                                              std::string_view op,
+                                              std::vector<detail::sc::MeshEntry>* directory) {
   using namespace detail::sc;
   State& s = *s_;
-  std::vector<Conn> strangers;  // accepted, no hello yet
+  std::vector<Conn> strangers; // accepted, no hello yet
   std::vector<int> missing = expect;
   std::string notes;
   const auto start = std::chrono::steady_clock::now();
@@ -1170,7 +1224,7 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
     return j;
   };
   auto fatal = [&](Conn* from, Error e) -> Result<void> {
-    if (from) {  // tell the offending process too, then drop it
+    if (from) { // tell the offending process too, then drop it
       const auto payload = s.abort_payload(e, false);
       (void)s.send_frame(*from, FrameType::abort, payload,
                          std::chrono::steady_clock::now() + std::chrono::milliseconds(100), op);
@@ -1207,9 +1261,9 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
           drop = true;
         } else if (size != s.opts.size) {
           return fatal(&c, Error::make(Step::side_channel, ErrorKind::invalid_argument,
-                                       "rank " + std::to_string(rank) + " (" + c.who + ") was started with size " +
-                                           std::to_string(size) + ", " + s.me() + " with size " +
-                                           std::to_string(s.opts.size)));
+                                       "rank " + std::to_string(rank) + " (" + c.who +
+                                           ") was started with size " + std::to_string(size) + ", " + s.me() +
+                                           " with size " + std::to_string(s.opts.size)));
         } else if (std::find(expect.begin(), expect.end(), rank) == expect.end() ||
                    std::find(missing.begin(), missing.end(), rank) == missing.end()) {
           const bool dup = std::find(expect.begin(), expect.end(), rank) != expect.end();
@@ -1244,8 +1298,10 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
       } else if (c.dead()) {
         drop = true;
       }
-      if (drop) strangers.erase(strangers.begin() + static_cast<std::ptrdiff_t>(i));
-      else ++i;
+      if (drop)
+        strangers.erase(strangers.begin() + static_cast<std::ptrdiff_t>(i));
+      else
+        ++i;
     }
     if (missing.empty()) return {};
 
@@ -1253,10 +1309,16 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
     owners.clear();
     pfds.push_back({listener, POLLIN, 0});
     owners.push_back(nullptr);
-    for (auto& c : strangers) { pfds.push_back({c.fd.get(), POLLIN, 0}); owners.push_back(&c); }
+    for (auto& c : strangers) {
+      pfds.push_back({c.fd.get(), POLLIN, 0});
+      owners.push_back(&c);
+    }
     for (int r : joined_set()) {
       Conn& c = s.conns[static_cast<std::size_t>(r)];
-      if (!c.dead()) { pfds.push_back({c.fd.get(), POLLIN, 0}); owners.push_back(&c); }
+      if (!c.dead()) {
+        pfds.push_back({c.fd.get(), POLLIN, 0});
+        owners.push_back(&c);
+      }
     }
     if (s.opts.rank != 0 && !s.conns[0].dead()) {
       pfds.push_back({s.conns[0].fd.get(), POLLIN, 0});
@@ -1266,16 +1328,20 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
     const int rc = ::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), ms);
     if (rc < 0) {
       if (errno == EINTR) continue;
-      return s.fail_collective(Error::from_errno(Step::side_channel, errno).with_detail(s.me() + ": poll failed in " + std::string(op)), false);
+      return s.fail_collective(Error::from_errno(Step::side_channel, errno)
+                                   .with_detail(s.me() + ": poll failed in " + std::string(op)),
+                               false);
     }
     if (rc == 0 && ms == 0) {
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       return s.fail_collective(
-          Error::make(Step::side_channel, ErrorKind::timeout,
-                      s.me() + " waited " + std::to_string(waited.count()) + " ms in " + std::string(op) + " for " +
-                          rank_list(missing) + " to connect (not started, crashed, or cannot reach " +
-                          (s.opts.rank == 0 ? "the coordinator " + s.opts.coordinator : std::string("this rank")) +
-                          ")" + notes),
+          Error::make(
+              Step::side_channel, ErrorKind::timeout,
+              s.me() + " waited " + std::to_string(waited.count()) + " ms in " + std::string(op) + " for " +
+                  rank_list(missing) + " to connect (not started, crashed, or cannot reach " +
+                  (s.opts.rank == 0 ? "the coordinator " + s.opts.coordinator : std::string("this rank")) +
+                  ")" + notes),
           false);
     }
     // Pump first (owners point into strangers, which accepting below may reallocate).
@@ -1286,7 +1352,7 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
         const int fd = ::accept(listener, nullptr, nullptr);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
-          break;  // EAGAIN, or a transient error (EMFILE...): poll again
+          break; // EAGAIN, or a transient error (EMFILE...): poll again
         }
         configure_socket(fd, true);
         Conn c;
@@ -1310,14 +1376,16 @@ inline Result<void> SideChannel::rendezvous_root(SideChannelDeadline dl) {
   ::getsockname(listener->get(), reinterpret_cast<sockaddr*>(&ss), &len);
   if (s.opts.on_listening) s.opts.on_listening(port_of(ss));
   std::vector<int> expect;
-  for (int r = 1; r < s.opts.size; ++r) expect.push_back(r);
+  for (int r = 1; r < s.opts.size; ++r)
+    expect.push_back(r);
   std::vector<MeshEntry> directory(static_cast<std::size_t>(s.opts.size));
   // As in collectives, rank 0 gives up a little earlier so the others hear which rank is missing.
   const auto now = std::chrono::steady_clock::now();
   const auto margin = std::min<std::chrono::steady_clock::duration>((dl - now) / 10, std::chrono::seconds(1));
-  if (auto r = accept_ranks(listener->get(), expect, dl > now ? dl - margin : dl, "rendezvous", &directory); !r)
+  if (auto r = accept_ranks(listener->get(), expect, dl > now ? dl - margin : dl, "rendezvous", &directory);
+      !r)
     return r;
-  listener->reset();  // late strays are refused from now on
+  listener->reset(); // late strays are refused from now on
   Writer w;
   w.num(static_cast<std::uint64_t>(s.opts.size), 4);
   for (const auto& e : directory) {
@@ -1326,7 +1394,8 @@ inline Result<void> SideChannel::rendezvous_root(SideChannelDeadline dl) {
     w.text(e.host);
   }
   for (int r = 1; r < s.opts.size; ++r)
-    if (auto sent = s.send_frame(s.conns[static_cast<std::size_t>(r)], FrameType::welcome, w.out, dl, "rendezvous");
+    if (auto sent =
+            s.send_frame(s.conns[static_cast<std::size_t>(r)], FrameType::welcome, w.out, dl, "rendezvous");
         !sent)
       return s.fail_collective(sent.error(), false);
   return {};
@@ -1338,8 +1407,9 @@ inline Result<void> SideChannel::rendezvous_rank(SideChannelDeadline dl) {
   auto at = parse_host_port(s.opts.coordinator);
   if (!at) return fail(at.error());
   if (at->host.empty() || at->port == 0)
-    return fail(Error::make(Step::side_channel, ErrorKind::invalid_argument,
-                            s.me() + " needs the coordinator's host and port, got \"" + s.opts.coordinator + "\""));
+    return fail(
+        Error::make(Step::side_channel, ErrorKind::invalid_argument,
+                    s.me() + " needs the coordinator's host and port, got \"" + s.opts.coordinator + "\""));
   auto fd = connect_tcp(*at, dl, true, s.me(), "coordinator");
   if (!fd) return fail(fd.error());
   Conn& c0 = s.conns[0];
@@ -1377,9 +1447,9 @@ inline Result<void> SideChannel::rendezvous_rank(SideChannelDeadline dl) {
     dir.push_back(std::move(e));
   }
   if (!rd.ok || dir.size() != static_cast<std::size_t>(s.opts.size))
-    return s.fail_collective(Error::make(Step::side_channel, ErrorKind::bad_frame,
-                                         c0.who + " sent an unreadable welcome frame"),
-                             false);
+    return s.fail_collective(
+        Error::make(Step::side_channel, ErrorKind::bad_frame, c0.who + " sent an unreadable welcome frame"),
+        false);
   if (!mesh) return {};
   // Connect to the lower ranks (their listeners exist before their hello), then accept the higher.
   for (int r = 1; r < s.opts.rank; ++r) {
@@ -1392,16 +1462,14 @@ inline Result<void> SideChannel::rendezvous_rank(SideChannelDeadline dl) {
       return s.fail_collective(sent.error(), false);
   }
   std::vector<int> expect;
-  for (int r = s.opts.rank + 1; r < s.opts.size; ++r) expect.push_back(r);
+  for (int r = s.opts.rank + 1; r < s.opts.size; ++r)
+    expect.push_back(r);
   return accept_ranks(listener.get(), expect, dl, "rendezvous (mesh)", nullptr);
 }
 
-inline Result<std::vector<detail::sc::Frame>> SideChannel::collective(detail::sc::FrameType in,
-                                                                      detail::sc::FrameType out,
-                                                                      std::span<const std::byte> mine,
-                                                                      std::vector<std::byte>* result,
-                                                                      SideChannelDeadline dl,
-                                                                      std::string_view op) {
+inline Result<std::vector<detail::sc::Frame>>
+SideChannel::collective(detail::sc::FrameType in, detail::sc::FrameType out, std::span<const std::byte> mine,
+                        std::vector<std::byte>* result, SideChannelDeadline dl, std::string_view op) {
   using namespace detail::sc;
   State& s = *s_;
   if (s.opts.rank != 0) {
@@ -1415,7 +1483,8 @@ inline Result<std::vector<detail::sc::Frame>> SideChannel::collective(detail::sc
   const auto now = std::chrono::steady_clock::now();
   const auto margin = std::min<std::chrono::steady_clock::duration>((dl - now) / 10, std::chrono::seconds(1));
   std::vector<int> others;
-  for (int r = 1; r < s.opts.size; ++r) others.push_back(r);
+  for (int r = 1; r < s.opts.size; ++r)
+    others.push_back(r);
   auto got = s.wait_frames(others, in, dl > now ? dl - margin : dl, op);
   if (!got) return s.fail_collective(got.error(), s.last_from_abort);
   if (result) {
@@ -1431,14 +1500,15 @@ inline Result<std::vector<detail::sc::Frame>> SideChannel::collective(detail::sc
     if (w.out.size() > s.opts.max_frame_bytes)
       return s.fail_collective(Error::make(Step::side_channel, ErrorKind::invalid_argument,
                                            "all_gather result of " + std::to_string(w.out.size()) +
-                                               " bytes is above the " + std::to_string(s.opts.max_frame_bytes) +
-                                               "-byte frame cap"),
+                                               " bytes is above the " +
+                                               std::to_string(s.opts.max_frame_bytes) + "-byte frame cap"),
                                false);
     *result = std::move(w.out);
   }
   for (int r = 1; r < s.opts.size; ++r)
-    if (auto sent = s.send_frame(s.conns[static_cast<std::size_t>(r)], out,
-                                 result ? std::span<const std::byte>(*result) : std::span<const std::byte>(), dl, op);
+    if (auto sent =
+            s.send_frame(s.conns[static_cast<std::size_t>(r)], out,
+                         result ? std::span<const std::byte>(*result) : std::span<const std::byte>(), dl, op);
         !sent)
       return s.fail_collective(sent.error(), false);
   return got;
@@ -1470,9 +1540,9 @@ inline Result<std::vector<std::vector<std::byte>>> SideChannel::all_gather(std::
     all.emplace_back(b.begin(), b.end());
   }
   if (!rd.ok || all.size() != static_cast<std::size_t>(s.opts.size) || !rd.in.empty())
-    return s.fail_collective(Error::make(Step::side_channel, ErrorKind::bad_frame,
-                                         "rank 0 sent an unreadable all_gather result"),
-                             false);
+    return s.fail_collective(
+        Error::make(Step::side_channel, ErrorKind::bad_frame, "rank 0 sent an unreadable all_gather result"),
+        false);
   return all;
 }
 
@@ -1514,7 +1584,7 @@ inline Result<void> SideChannel::check_peer(int peer) noexcept try {
   if (auto e = s.take_abort(c)) return fail(*e);
   if (c.dead()) return fail(s.conn_error(c, "check_peers"));
   return {};
-} catch (...) {  // std::bad_alloc from a queue or an error text
+} catch (...) { // std::bad_alloc from a queue or an error text
   return fail(Error::from_errno(Step::side_channel, ENOMEM).with_detail("check_peers: out of memory"));
 }
 
@@ -1549,8 +1619,9 @@ inline Result<std::array<std::uint8_t, 4>> SideChannel::local_ipv4() const {
       return out;
     }
   }
-  return fail(Error::make(Step::side_channel, ErrorKind::unsupported,
-                          "local_ipv4: the side channel runs over IPv6; give the coordinator as an IPv4 address"));
+  return fail(
+      Error::make(Step::side_channel, ErrorKind::unsupported,
+                  "local_ipv4: the side channel runs over IPv6; give the coordinator as an IPv4 address"));
 }
 
 inline void SideChannel::poison(const Error& cause) noexcept {
@@ -1561,7 +1632,8 @@ inline void SideChannel::poison(const Error& cause) noexcept {
     s_->poison_error = cause;
     s_->poisoned.store(true, std::memory_order_release);
   }
-  for (int fd : s_->poison_fds) ::shutdown(fd, SHUT_RDWR);  // wakes a poll() in another thread
+  for (int fd : s_->poison_fds)
+    ::shutdown(fd, SHUT_RDWR); // wakes a poll() in another thread
 }
 
 inline void SideChannel::poison() noexcept {
@@ -1576,7 +1648,7 @@ inline void SideChannel::abort(const Error& cause) noexcept {
   if (!s_->poisoned.load(std::memory_order_acquire)) {
     try {
       s_->broadcast_abort(cause, false);
-    } catch (...) {  // allocation failure: the peers will still see this rank close
+    } catch (...) { // allocation failure: the peers will still see this rank close
     }
   }
   poison(cause);
@@ -1585,7 +1657,8 @@ inline void SideChannel::abort(const Error& cause) noexcept {
 inline void SideChannel::close() noexcept {
   if (!s_) return;
   s_->closed = true;
-  for (auto& c : s_->conns) c.fd.reset();
+  for (auto& c : s_->conns)
+    c.fd.reset();
   s_->poison_fds.clear();
 }
 

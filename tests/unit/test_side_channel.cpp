@@ -7,8 +7,8 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <atomic>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <future>
 #include <string>
@@ -41,14 +41,16 @@ std::string text_of(const std::vector<std::byte>& v) {
 /// Waits until `done()` or 10 s: no test may hang, even when another rank failed early.
 template <class Pred> void wait_until(Pred done) {
   const auto dl = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done() && std::chrono::steady_clock::now() < dl) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  while (!done() && std::chrono::steady_clock::now() < dl)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
 bool has(const Error& e, std::string_view needle) {
   return e.detail.view().find(needle) != std::string_view::npos;
 }
 
-SideChannelOptions options(int rank, int size, std::uint16_t port, std::chrono::milliseconds timeout = 5000ms) {
+SideChannelOptions options(int rank, int size, std::uint16_t port,
+                           std::chrono::milliseconds timeout = 5000ms) {
   SideChannelOptions o;
   o.rank = rank;
   o.size = size;
@@ -93,9 +95,11 @@ template <class Body> void run_ranks(int size, Body body, std::chrono::milliseco
     body(rank, *ch);
   };
   for (int r = 1; r < size; ++r)
-    done.push_back(std::async(std::launch::async, [&, r] { run(r, SideChannel::connect(options(r, size, port, timeout))); }));
+    done.push_back(std::async(std::launch::async,
+                              [&, r] { run(r, SideChannel::connect(options(r, size, port, timeout))); }));
   run(0, root.result.get());
-  for (auto& d : done) d.get();
+  for (auto& d : done)
+    d.get();
   for (int r = 0; r < size; ++r) {
     INFO("rank " << r);
     CHECK(failures[static_cast<std::size_t>(r)] == "");
@@ -143,8 +147,8 @@ struct RawPeer {
   }
   sc::Frame read_frame(std::uint64_t tok = token) {
     auto head = read_exact(sc::header_bytes);
-    auto h = sc::decode_header(std::span<const std::byte, sc::header_bytes>(head.data(), sc::header_bytes), tok,
-                               1u << 26, "test peer");
+    auto h = sc::decode_header(std::span<const std::byte, sc::header_bytes>(head.data(), sc::header_bytes),
+                               tok, 1u << 26, "test peer");
     REQUIRE(h);
     return sc::Frame{static_cast<sc::FrameType>(h->type), static_cast<int>(h->sender), read_exact(h->length)};
   }
@@ -196,12 +200,14 @@ TEST_CASE("side channel: CRC-32 matches the IEEE check value", "[side_channel][f
   CHECK(sc::crc32({}) == 0u);
   // The 8-bytes-per-step loop agrees with the textbook bitwise CRC on every length and alignment.
   std::vector<std::byte> data(300);
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 131 + 7);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<std::byte>(i * 131 + 7);
   auto reference = [](std::span<const std::byte> d) {
     std::uint32_t c = 0xFFFFFFFFu;
     for (std::byte b : d) {
       c ^= static_cast<std::uint32_t>(b);
-      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
     }
     return ~c;
   };
@@ -259,7 +265,7 @@ TEST_CASE("side channel: decode_header refuses bad headers with bad_frame naming
   }
   SECTION("header checksum") {
     wire = sc::encode_frame(h, payload);
-    wire[19] ^= std::byte{0x01};  // sender 2 -> 3
+    wire[19] ^= std::byte{0x01}; // sender 2 -> 3
     expect = "header checksum";
   }
   SECTION("job token") {
@@ -279,8 +285,8 @@ TEST_CASE("side channel: decode_header refuses bad headers with bad_frame naming
     expect = "above the 1000-byte cap";
   }
   REQUIRE(wire.size() >= sc::header_bytes);
-  auto d = sc::decode_header(std::span<const std::byte, sc::header_bytes>(wire.data(), sc::header_bytes), want_token,
-                             cap, "rank 2");
+  auto d = sc::decode_header(std::span<const std::byte, sc::header_bytes>(wire.data(), sc::header_bytes),
+                             want_token, cap, "rank 2");
   REQUIRE_FALSE(d);
   CHECK(d.error().kind == ErrorKind::bad_frame);
   CHECK(d.error().step == tbverbs::Step::side_channel);
@@ -359,22 +365,43 @@ TEST_CASE("side channel: rendezvous, all_gather and barrier of 2, 3, 4 and 8 ran
       // Rank r contributes r*3+round bytes (rank 0, round 0 contributes nothing).
       std::string mine(static_cast<std::size_t>(rank * 3 + round), static_cast<char>('a' + rank));
       auto all = ch.all_gather(bytes_of(mine));
-      if (!all) { w = all.error().message(); return; }
-      if (all->size() != static_cast<std::size_t>(size)) { w = "wrong count"; return; }
+      if (!all) {
+        w = all.error().message();
+        return;
+      }
+      if (all->size() != static_cast<std::size_t>(size)) {
+        w = "wrong count";
+        return;
+      }
       for (int r = 0; r < size; ++r)
         if (text_of((*all)[static_cast<std::size_t>(r)]) !=
             std::string(static_cast<std::size_t>(r * 3 + round), static_cast<char>('a' + r))) {
           w = "wrong contents";
           return;
         }
-      if (auto b = ch.barrier(); !b) { w = b.error().message(); return; }
-      if (auto p = ch.check_peers(); !p) { w = p.error().message(); return; }
+      if (auto b = ch.barrier(); !b) {
+        w = b.error().message();
+        return;
+      }
+      if (auto p = ch.check_peers(); !p) {
+        w = p.error().message();
+        return;
+      }
     }
     auto ip = ch.local_ipv4();
-    if (!ip) { w = ip.error().message(); return; }
-    if (*ip != std::array<std::uint8_t, 4>{127, 0, 0, 1}) { w = "local_ipv4 is not 127.0.0.1"; return; }
+    if (!ip) {
+      w = ip.error().message();
+      return;
+    }
+    if (*ip != std::array<std::uint8_t, 4>{127, 0, 0, 1}) {
+      w = "local_ipv4 is not 127.0.0.1";
+      return;
+    }
     // Last: a rank that leaves this barrier closes its channel, so nothing after it may probe.
-    if (auto b = ch.barrier(); !b) { w = b.error().message(); return; }
+    if (auto b = ch.barrier(); !b) {
+      w = b.error().message();
+      return;
+    }
     w.clear();
   });
   for (int r = 0; r < size; ++r) {
@@ -383,7 +410,8 @@ TEST_CASE("side channel: rendezvous, all_gather and barrier of 2, 3, 4 and 8 ran
   }
 }
 
-TEST_CASE("side channel: send_to/recv_from around a ring, both directions, large messages", "[side_channel]") {
+TEST_CASE("side channel: send_to/recv_from around a ring, both directions, large messages",
+          "[side_channel]") {
   const int size = 4;
   std::atomic<int> ok{0};
   run_ranks(size, [&](int rank, SideChannel& ch) {
@@ -414,19 +442,31 @@ TEST_CASE("side channel: large all_gather results, and contributions above the f
   std::vector<std::string> why(4, "did not finish");
   run_ranks(4, [&](int rank, SideChannel& ch) {
     auto& w = why[static_cast<std::size_t>(rank)];
-    std::vector<std::byte> mine(2u << 20, static_cast<std::byte>(0x10 + rank));  // 4 x 2 MiB
+    std::vector<std::byte> mine(2u << 20, static_cast<std::byte>(0x10 + rank)); // 4 x 2 MiB
     auto all = ch.all_gather(mine);
-    if (!all) { w = all.error().message(); return; }
+    if (!all) {
+      w = all.error().message();
+      return;
+    }
     for (int r = 0; r < 4; ++r) {
       const auto& b = (*all)[static_cast<std::size_t>(r)];
       if (b.size() != mine.size() || b.front() != static_cast<std::byte>(0x10 + r) ||
-          b.back() != static_cast<std::byte>(0x10 + r)) { w = "wrong contents"; return; }
+          b.back() != static_cast<std::byte>(0x10 + r)) {
+        w = "wrong contents";
+        return;
+      }
     }
     // Refused locally, before anything is sent: the channel stays usable.
     std::vector<std::byte> huge((64u << 20) + 1);
     auto s = ch.send_to((rank + 1) % 4, huge);
-    if (s || s.error().kind != ErrorKind::invalid_argument) { w = "oversized send_to was not refused"; return; }
-    if (auto b = ch.barrier(); !b) { w = b.error().message(); return; }
+    if (s || s.error().kind != ErrorKind::invalid_argument) {
+      w = "oversized send_to was not refused";
+      return;
+    }
+    if (auto b = ch.barrier(); !b) {
+      w = b.error().message();
+      return;
+    }
     w.clear();
   });
   for (int r = 0; r < 4; ++r) {
@@ -440,7 +480,8 @@ TEST_CASE("side channel: a recv_from timeout is harmless; the message arrives la
   run_ranks(2, [&](int rank, SideChannel& ch) {
     if (rank == 0) {
       auto r = ch.recv_from(1, Clock::now() + 50ms);
-      if (r || r.error().kind != ErrorKind::timeout || !has(r.error(), "rank 1") || !has(r.error(), "recv_from"))
+      if (r || r.error().kind != ErrorKind::timeout || !has(r.error(), "rank 1") ||
+          !has(r.error(), "recv_from"))
         return;
       if (!ch.barrier()) return;
       auto m = ch.recv_from(1);
@@ -457,15 +498,18 @@ TEST_CASE("side channel: a recv_from timeout is harmless; the message arrives la
 
 TEST_CASE("side channel: collectives called in different orders are refused", "[side_channel]") {
   std::vector<Error> errors(2);
-  run_ranks(2, [&](int rank, SideChannel& ch) {
-    if (rank == 0) {
-      auto r = ch.all_gather(bytes_of("x"));
-      if (!r) errors[0] = r.error();
-    } else {
-      auto r = ch.barrier();
-      if (!r) errors[1] = r.error();
-    }
-  }, 3000ms);
+  run_ranks(
+      2,
+      [&](int rank, SideChannel& ch) {
+        if (rank == 0) {
+          auto r = ch.all_gather(bytes_of("x"));
+          if (!r) errors[0] = r.error();
+        } else {
+          auto r = ch.barrier();
+          if (!r) errors[1] = r.error();
+        }
+      },
+      3000ms);
   CHECK(errors[0].kind == ErrorKind::bad_frame);
   CHECK(has(errors[0], "same order"));
   // Rank 1 hears why from rank 0.
@@ -480,22 +524,26 @@ TEST_CASE("side channel: a rank that closes is reported as peer_lost naming it, 
   const int size = 3;
   std::vector<Error> errors(size);
   std::vector<std::chrono::milliseconds> took(size);
-  run_ranks(size, [&](int rank, SideChannel& ch) {
-    if (rank == 2) {
-      ch.close();
-      return;
-    }
-    const auto t0 = Clock::now();
-    auto r = ch.all_gather(bytes_of("x"));
-    took[static_cast<std::size_t>(rank)] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-    if (!r) errors[static_cast<std::size_t>(rank)] = r.error();
-  }, 4000ms);
+  run_ranks(
+      size,
+      [&](int rank, SideChannel& ch) {
+        if (rank == 2) {
+          ch.close();
+          return;
+        }
+        const auto t0 = Clock::now();
+        auto r = ch.all_gather(bytes_of("x"));
+        took[static_cast<std::size_t>(rank)] =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+        if (!r) errors[static_cast<std::size_t>(rank)] = r.error();
+      },
+      4000ms);
   for (int r : {0, 1}) {
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
     CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::peer_lost);
     CHECK(has(errors[static_cast<std::size_t>(r)], "rank 2 closed its side channel during all_gather"));
-    CHECK(errors[static_cast<std::size_t>(r)].sys_errno == 0);  // recv()==0 is not an errno
-    CHECK(took[static_cast<std::size_t>(r)] < 2000ms);          // well before the 4 s timeout
+    CHECK(errors[static_cast<std::size_t>(r)].sys_errno == 0); // recv()==0 is not an errno
+    CHECK(took[static_cast<std::size_t>(r)] < 2000ms);         // well before the 4 s timeout
   }
   CHECK(has(errors[1], "rank 0 aborted"));
 }
@@ -513,7 +561,8 @@ TEST_CASE("side channel: check_peers sees a closed peer; sending to it does not 
     if (!ch.barrier()) return;
     const auto dl = Clock::now() + 2s;
     tbverbs::Result<void> probe;
-    while ((probe = ch.check_peers()) && Clock::now() < dl) std::this_thread::sleep_for(5ms);
+    while ((probe = ch.check_peers()) && Clock::now() < dl)
+      std::this_thread::sleep_for(5ms);
     if (probe || probe.error().kind != ErrorKind::peer_lost || !has(probe.error(), "rank 1")) return;
     // A large send to the closed peer fails as peer_lost (EPIPE or ECONNRESET), never kills us.
     std::vector<std::byte> big(8u << 20);
@@ -527,7 +576,8 @@ TEST_CASE("side channel: check_peers sees a closed peer; sending to it does not 
 TEST_CASE("side channel: a rank that never connects gives a timeout naming it", "[side_channel]") {
   Root root;
   const auto port = root.start(3, 1000ms);
-  auto one = std::async(std::launch::async, [&] { return SideChannel::connect(options(1, 3, port, 1000ms)); });
+  auto one =
+      std::async(std::launch::async, [&] { return SideChannel::connect(options(1, 3, port, 1000ms)); });
   auto r0 = root.result.get();
   auto r1 = one.get();
   REQUIRE_FALSE(r0);
@@ -542,7 +592,7 @@ TEST_CASE("side channel: a rank that never connects gives a timeout naming it", 
 }
 
 TEST_CASE("side channel: no coordinator gives a timeout naming the address", "[side_channel]") {
-  RawListener l;  // find a free port, then free it again: nothing listens there
+  RawListener l; // find a free port, then free it again: nothing listens there
   const auto port = l.port;
   l.fd.reset();
   const auto t0 = Clock::now();
@@ -558,18 +608,21 @@ TEST_CASE("side channel: no coordinator gives a timeout naming the address", "[s
   CHECK(took < 2000ms);
 }
 
-TEST_CASE("side channel: a stalled rank times out a collective, and the others hear which", "[side_channel]") {
+TEST_CASE("side channel: a stalled rank times out a collective, and the others hear which",
+          "[side_channel]") {
   std::vector<Error> errors(3);
   std::atomic<bool> release{false};
   run_ranks(3, [&](int rank, SideChannel& ch) {
-    if (rank == 2) {  // stopped (as by SIGSTOP): alive, but never calls the barrier
+    if (rank == 2) { // stopped (as by SIGSTOP): alive, but never calls the barrier
       wait_until([&] { return release.load(); });
       return;
     }
     auto r = ch.barrier(Clock::now() + 1000ms);
     if (!r) errors[static_cast<std::size_t>(rank)] = r.error();
-    if (rank == 0) release = true;
-    else wait_until([&] { return release.load(); });
+    if (rank == 0)
+      release = true;
+    else
+      wait_until([&] { return release.load(); });
   });
   INFO(errors[0].message());
   CHECK(errors[0].kind == ErrorKind::timeout);
@@ -590,14 +643,14 @@ TEST_CASE("side channel: poison() from another thread unblocks a waiting call", 
         ch.poison();
       });
       const auto t0 = Clock::now();
-      auto r = ch.recv_from(0);  // 5 s timeout: poison must end it long before
+      auto r = ch.recv_from(0); // 5 s timeout: poison must end it long before
       t.join();
       if (!r && r.error().is(ECANCELED) && Clock::now() - t0 < 2s) ++ok;
       auto again = ch.barrier();
       if (!again && again.error().is(ECANCELED)) ++ok;
       return;
     }
-    auto r = ch.recv_from(1);  // rank 1's sockets shut down: rank 1 is lost
+    auto r = ch.recv_from(1); // rank 1's sockets shut down: rank 1 is lost
     if (!r && r.error().kind == ErrorKind::peer_lost && has(r.error(), "rank 1")) ++ok;
   });
   CHECK(ok == 3);
@@ -607,7 +660,8 @@ TEST_CASE("side channel: abort() tells the peers the kind and the reason", "[sid
   std::vector<Error> errors(3);
   run_ranks(3, [&](int rank, SideChannel& ch) {
     if (rank == 2) {
-      ch.abort(Error::make(tbverbs::Step::wait_cq, ErrorKind::timeout, "no completion from rank 1 in 750 ms"));
+      ch.abort(
+          Error::make(tbverbs::Step::wait_cq, ErrorKind::timeout, "no completion from rank 1 in 750 ms"));
       return;
     }
     auto r = ch.barrier();
@@ -630,12 +684,12 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
       ch.abort(Error::make(tbverbs::Step::collective, ErrorKind::result_mismatch, "rank 0's sum is wrong"));
       return;
     }
-    if (rank == 2) {  // alive, silent
+    if (rank == 2) { // alive, silent
       wait_until([&] { return release.load(); });
       return;
     }
     const auto t0 = Clock::now();
-    auto r = ch.recv_from(2);  // 5 s timeout
+    auto r = ch.recv_from(2); // 5 s timeout
     took[1] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
     if (!r) errors[1] = r.error();
     release = true;
@@ -646,7 +700,8 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
   CHECK(took[1] < 2000ms);
 }
 
-TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a timeout (fork)", "[side_channel]") {
+TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a timeout (fork)",
+          "[side_channel]") {
   // Rank 0 is a child process; this process (no other thread running at fork) is rank 1.
   int pipefd[2];
   REQUIRE(::pipe(pipefd) == 0);
@@ -658,7 +713,7 @@ TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a ti
     o.on_listening = [&](std::uint16_t p) { (void)!::write(pipefd[1], &p, sizeof p); };
     auto ch = SideChannel::connect(o);
     if (!ch) ::_exit(2);
-    (void)ch->recv_from(1);  // blocks until killed (or 10 s)
+    (void)ch->recv_from(1); // blocks until killed (or 10 s)
     ::_exit(0);
   }
   ::close(pipefd[1]);
@@ -709,15 +764,17 @@ TEST_CASE("side channel: in a ring, every rank's probe sees a CQ-deadline abort 
   std::atomic<int> stopped{0};
   run_ranks(4, [&](int rank, SideChannel& ch) {
     if (rank == 1) {
-      ch.abort(Error::make(tbverbs::Step::wait_cq, ErrorKind::timeout, "rank 1: no completion from rank 2 in 750 ms"));
+      ch.abort(Error::make(tbverbs::Step::wait_cq, ErrorKind::timeout,
+                           "rank 1: no completion from rank 2 in 750 ms"));
       return;
     }
     const auto dl = Clock::now() + 3s;
     tbverbs::Result<void> probe;
-    while ((probe = ch.check_peers()) && Clock::now() < dl) std::this_thread::sleep_for(2ms);
+    while ((probe = ch.check_peers()) && Clock::now() < dl)
+      std::this_thread::sleep_for(2ms);
     if (!probe) errors[static_cast<std::size_t>(rank)] = probe.error();
     ++stopped;
-    wait_until([&] { return stopped == 3; });  // nobody closes before all have seen it
+    wait_until([&] { return stopped == 3; }); // nobody closes before all have seen it
   });
   for (int r : {0, 2, 3}) {
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
@@ -751,7 +808,8 @@ TEST_CASE("side channel: a wrong job token is refused with bad_frame", "[side_ch
 TEST_CASE("side channel: a coordinator speaking a newer version or another protocol is refused",
           "[side_channel]") {
   RawListener l;
-  auto one = std::async(std::launch::async, [&] { return SideChannel::connect(options(1, 2, l.port, 2000ms)); });
+  auto one =
+      std::async(std::launch::async, [&] { return SideChannel::connect(options(1, 2, l.port, 2000ms)); });
   RawPeer fake0 = l.accept();
   auto hello = fake0.read_frame();
   CHECK(hello.type == sc::FrameType::hello);
@@ -775,7 +833,8 @@ TEST_CASE("side channel: a coordinator speaking a newer version or another proto
 }
 
 TEST_CASE("side channel: corrupt, foreign, newer, oversized or truncated frames are bad_frame, and no "
-          "garbage is kept", "[side_channel]") {
+          "garbage is kept",
+          "[side_channel]") {
   Root root;
   const auto port = root.start(2, 3000ms);
   RawPeer fake1;
@@ -796,7 +855,7 @@ TEST_CASE("side channel: corrupt, foreign, newer, oversized or truncated frames 
   }
   SECTION("header checksum") {
     auto wire = sc::encode_frame(sc::make_header(sc::FrameType::data, token, 1, payload), payload);
-    wire[21] ^= std::byte{0x01};  // length
+    wire[21] ^= std::byte{0x01}; // length
     fake1.write(wire);
     expect = "header checksum";
   }
