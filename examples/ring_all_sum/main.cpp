@@ -70,16 +70,27 @@ std::optional<std::string> env_of(std::initializer_list<const char*> names) {
 // every partial sum exactly representable, so the result is checked with ==, whatever the order
 // of the additions.
 constexpr std::size_t kPeriod = 61;
-std::size_t index_period(DType t) { return t == DType::f32 ? 4093 : 1048573; }
+std::size_t index_period(DType t) {
+  switch (t) {
+  case DType::f32: return 4093;
+  case DType::f16: return 1024;  // |sum| <= 3 x 64 + 1023 < 2048: exact in binary16
+  case DType::bf16: return 16;   // |sum| <= 3 x 64 + 15 < 256: exact with 8 significant bits
+  default: return 1048573;
+  }
+}
 
 template <class T> T value(DType t, int r, std::size_t i) {
-  const long long base = static_cast<long long>((i % kPeriod) * 7 + static_cast<std::size_t>(r) * 13) % 61 - 30;
+  const bool narrow = t == DType::f16 || t == DType::bf16;  // |base| <= 3: sums of 64 ranks stay exact
+  const long long mix = static_cast<long long>((i % kPeriod) * 7 + static_cast<std::size_t>(r) * 13);
+  const long long base = narrow ? mix % 7 - 3 : mix % 61 - 30;
   const long long idx = r == 0 ? static_cast<long long>(i % index_period(t)) : 0;
   switch (t) {
   case DType::f32: return static_cast<T>(static_cast<double>(base + idx) + 0.25 * r);
   case DType::f64: return static_cast<T>(static_cast<double>(base + idx) + 0.5 * (r + 1) + (r + 1) * 1073741824.0);
   case DType::i32: return static_cast<T>(base + idx);
   case DType::i64: return static_cast<T>(base + idx + (static_cast<long long>(r + 1) << 33));
+  case DType::f16:
+  case DType::bf16: return static_cast<T>(base + idx);  // plain small integers (the float value)
   }
   return T{};
 }
@@ -120,8 +131,49 @@ template <class T> std::size_t check_typed(DType t, int rank, int n, const T* p,
   return bad;
 }
 
+// 16-bit floats: the values are computed in float (exact small integers) and stored rounded.
+void fill16(DType t, int r, std::uint16_t* p, std::size_t count) {
+  std::uint16_t tab[kPeriod];
+  const std::size_t P = index_period(t);
+  auto conv = [t](float f) { return t == DType::f16 ? ring::float_to_f16(f) : ring::float_to_bf16(f); };
+  if (r != 0) {
+    for (std::size_t k = 0; k < kPeriod; ++k) tab[k] = conv(value<float>(t, r, k));
+    for (std::size_t i = 0, k = 0; i < count; ++i, k = k + 1 == kPeriod ? 0 : k + 1) p[i] = tab[k];
+    return;
+  }
+  std::size_t k = 0, q = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    p[i] = conv(value<float>(t, 0, k) - static_cast<float>(k % P) + static_cast<float>(q));
+    if (++k == kPeriod) k = 0;
+    if (++q == P) q = 0;
+  }
+}
+std::size_t check16(DType t, int rank, int n, const std::uint16_t* p, std::size_t count) {
+  const std::size_t P = index_period(t);
+  float tab[kPeriod];
+  for (std::size_t k = 0; k < kPeriod; ++k) {
+    float s = 0;
+    for (int r = 0; r < n; ++r) s += value<float>(t, r, k) - (r == 0 ? static_cast<float>(k % P) : 0.0f);
+    tab[k] = s;
+  }
+  std::size_t bad = 0, k = 0, q = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float want = tab[k] + static_cast<float>(q);
+    const float got = t == DType::f16 ? ring::f16_to_float(p[i]) : ring::bf16_to_float(p[i]);
+    if (got != want) {
+      if (bad < 5) std::printf("rank %d: MISMATCH at element %zu: got %.9g, expected %.9g\n", rank, i, got, want);
+      ++bad;
+    }
+    if (++k == kPeriod) k = 0;
+    if (++q == P) q = 0;
+  }
+  return bad;
+}
+
 void fill(DType t, int r, void* p, std::size_t count) {
   switch (t) {
+  case DType::f16:
+  case DType::bf16: fill16(t, r, static_cast<std::uint16_t*>(p), count); break;
   case DType::f32: fill_typed(t, r, static_cast<float*>(p), count); break;
   case DType::f64: fill_typed(t, r, static_cast<double*>(p), count); break;
   case DType::i32: fill_typed(t, r, static_cast<std::int32_t*>(p), count); break;
@@ -130,6 +182,8 @@ void fill(DType t, int r, void* p, std::size_t count) {
 }
 std::size_t check(DType t, int rank, int n, const void* p, std::size_t count) {
   switch (t) {
+  case DType::f16:
+  case DType::bf16: return check16(t, rank, n, static_cast<const std::uint16_t*>(p), count);
   case DType::f32: return check_typed(t, rank, n, static_cast<const float*>(p), count);
   case DType::f64: return check_typed(t, rank, n, static_cast<const double*>(p), count);
   case DType::i32: return check_typed(t, rank, n, static_cast<const std::int32_t*>(p), count);
@@ -225,12 +279,14 @@ int run_rank(const Options& o) {
 
   // Sizes and types.
   std::vector<DType> types;
-  if (o.dtype == "all") types = {DType::f32, DType::f64, DType::i32, DType::i64};
+  if (o.dtype == "all") types = {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16};
   else if (o.dtype == "float32" || o.dtype == "f32") types = {DType::f32};
   else if (o.dtype == "float64" || o.dtype == "f64") types = {DType::f64};
   else if (o.dtype == "int32" || o.dtype == "i32") types = {DType::i32};
   else if (o.dtype == "int64" || o.dtype == "i64") types = {DType::i64};
-  else return config_error("--dtype must be float32, float64, int32, int64 or all");
+  else if (o.dtype == "float16" || o.dtype == "f16") types = {DType::f16};
+  else if (o.dtype == "bfloat16" || o.dtype == "bf16") types = {DType::bf16};
+  else return config_error("--dtype must be float32, float64, int32, int64, float16, bfloat16 or all");
   std::vector<bool> places;
   if (o.place == "in") places = {true};
   else if (o.place == "out") places = {false};
@@ -347,7 +403,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-size", o.max_size, "sweep: double the size up to this");
   app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
       ->delimiter(',');
-  app.add_option("--dtype", o.dtype, "float32, float64, int32, int64 or all")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "float32, float64, int32, int64, float16, bfloat16 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
   app.add_option("--iters", o.iters, "timed iterations per size (default: by size)");
   app.add_option("--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
