@@ -1647,7 +1647,16 @@ inline void SideChannel::abort(const Error& cause) noexcept {
   if (!s_ || s_->closed) return;
   if (!s_->poisoned.load(std::memory_order_acquire)) {
     try {
-      s_->broadcast_abort(cause, false);
+      // A cause that is itself a peer's abort (from check_peers, recv_from...) is forwarded with
+      // its origin, so the others read "rank 1 aborted: ..." rather than a nested chain.
+      bool forwarded = false;
+      if (s_->abort_origin >= 0) {
+        const std::string relayed =
+            "rank " + std::to_string(s_->abort_origin) + " aborted: " + s_->abort_text;
+        detail::FixedString<sizeof(cause.detail.data)> same(relayed);
+        forwarded = cause.detail.view() == same.view();
+      }
+      s_->broadcast_abort(cause, forwarded);
     } catch (...) { // allocation failure: the peers will still see this rank close
     }
   }

@@ -783,6 +783,38 @@ TEST_CASE("side channel: in a ring, every rank's probe sees a CQ-deadline abort 
   }
 }
 
+TEST_CASE("side channel: abort() of an abort received from a peer forwards it without nesting",
+          "[side_channel]") {
+  std::vector<Error> errors(3);
+  std::atomic<int> stopped{0};
+  run_ranks(3, [&](int rank, SideChannel& ch) {
+    if (rank == 1) {
+      ch.abort(
+          Error::make(tbverbs::Step::collective, ErrorKind::result_mismatch, "element 7 is 3, expected 6"));
+    } else if (rank == 0) {
+      const auto dl = Clock::now() + 3s;
+      tbverbs::Result<void> probe;
+      while ((probe = ch.check_peers()) && Clock::now() < dl)
+        std::this_thread::sleep_for(2ms);
+      if (!probe) {
+        errors[0] = probe.error();
+        ch.abort(probe.error()); // what a backend's failure path does with any error
+      }
+    } else {
+      auto r = ch.recv_from(0); // ended by rank 0's forward or rank 1's own abort
+      if (!r) errors[2] = r.error();
+    }
+    ++stopped;
+    wait_until([&] { return stopped == 3; });
+  });
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
+    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::result_mismatch);
+    CHECK(has(errors[static_cast<std::size_t>(r)], "rank 1 aborted: element 7 is 3, expected 6"));
+    CHECK_FALSE(has(errors[static_cast<std::size_t>(r)], "aborted: rank"));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Refused frames: other jobs, newer versions, corruption
 
