@@ -1,0 +1,160 @@
+// tbverbs-doctor: preflight checks before a verbs job, one remedy per problem.
+//
+// Walks the same steps a job takes (load the library, list devices, open each, query ports,
+// read the GID table, select a GID, allocate a PD, count the QP and MR budget) and stops at
+// nothing: every problem found is reported with the diagnosis catalogue's cause and remedy.
+// Exit status: 0 when every checked port can carry a connection, 1 when something is wrong,
+// 2 on a usage error. `--json` prints the same findings for a bug report.
+#include <tbverbs/tbverbs.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <sys/utsname.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using namespace tbverbs;
+using nlohmann::json;
+
+namespace {
+
+struct Finding {
+  std::string check;   // what was checked ("port rdma_en2:1 state")
+  bool ok = true;
+  std::string detail;  // what was found
+  std::string cause;   // for a problem: why, from the catalogue
+  std::string remedy;  // for a problem: what to do
+};
+
+struct Report {
+  std::vector<Finding> findings;
+  void pass(std::string check, std::string detail) { findings.push_back({std::move(check), true, std::move(detail), {}, {}}); }
+  void problem(std::string check, const Error& e) {
+    Finding f{std::move(check), false, e.message(), {}, {}};
+    // message() already carries cause and remedy; keep them apart too for --json readers.
+    if (const Diagnosis* d = e.diagnosis()) {
+      f.cause = d->cause;
+      f.remedy = d->remedy;
+      f.detail = f.detail.substr(0, f.detail.find("\n  cause:"));
+    }
+    findings.push_back(std::move(f));
+  }
+  bool healthy() const {
+    for (const auto& f : findings)
+      if (!f.ok) return false;
+    return !findings.empty();
+  }
+};
+
+void check_device(Report& report, const Library& lib, const Device& device, int qp_need) {
+  const std::string dev(device.name());
+  auto ctx = Context::open(lib, device);
+  if (!ctx) return report.problem("open " + dev, ctx.error());
+  auto attrs = ctx->query_device();
+  if (!attrs) return report.problem("query " + dev, attrs.error());
+  report.pass("device " + dev,
+              std::string(ctx->platform() == Platform::apple ? "Apple Thunderbolt" : "rdma-core") + ", " +
+                  std::to_string(attrs->phys_port_cnt) + " port(s), max " + std::to_string(attrs->max_qp) +
+                  " QPs, " + std::to_string(attrs->max_mr) + " MRs, " + std::to_string(attrs->max_cqe) + " CQ entries");
+  if (qp_need > 0 && attrs->max_qp > 0 && qp_need > attrs->max_qp) {
+    Error e = Error::make(Step::create_qp, ErrorKind::capacity,
+                          "the job needs " + std::to_string(qp_need) + " QPs on this device, the device allows " +
+                              std::to_string(attrs->max_qp));
+    report.problem("QP budget " + dev, e.on(dev).from(ctx->platform()));
+  }
+  const int ports = attrs->phys_port_cnt > 0 ? attrs->phys_port_cnt : 1;
+  for (int p = 1; p <= ports; ++p) {
+    const std::string where = dev + ":" + std::to_string(p);
+    auto port = ctx->require_active_port(static_cast<std::uint8_t>(p));
+    if (!port) {
+      report.problem("port " + where + " state", port.error());
+      continue;
+    }
+    report.pass("port " + where + " state", std::string(port_state_name(port->state)) + ", active MTU " +
+                                               std::to_string(mtu_bytes(port->active_mtu)) + ", GID table " +
+                                               std::to_string(port->gid_table_length));
+    auto table = ctx->gid_table(static_cast<std::uint8_t>(p));
+    if (!table) {
+      report.problem("GID table " + where, table.error());
+      continue;
+    }
+    auto sel = table->select();
+    if (!sel) {
+      report.problem("GID selection " + where, sel.error());
+      continue;
+    }
+    report.pass("GID selection " + where, "GID[" + std::to_string(sel->index()) + "] " + sel->gid().to_string() +
+                                              " (" + std::string(sel->reason()) + ")");
+    // Apple's driver refuses PDs on a port that is down even when the query says otherwise.
+    auto pd = ctx->alloc_pd();
+    if (!pd) report.problem("protection domain " + where, pd.error());
+    else report.pass("protection domain " + where, "allocated");
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tbverbs-doctor: checks the verbs library, devices, ports and GIDs, one remedy per problem"};
+  std::string library, device;
+  int qp_need = 0;
+  bool as_json = false;
+  app.add_option("--library", library, "verbs library to load (default: TBVERBS_LIBRARY, then the platform's)");
+  app.add_option("--device", device, "check only this device (default: all)");
+  app.add_option("--qps", qp_need, "QPs the job will create per device (checked against the device's cap)");
+  app.add_flag("--json", as_json, "print the findings as JSON (for bug reports)");
+  CLI11_PARSE(app, argc, argv);
+
+  Report report;
+  auto lib = Library::load(library);
+  if (!lib) {
+    report.problem("load verbs library", lib.error());
+  } else {
+    report.pass("load verbs library", std::string(lib->path()));
+    auto list = DeviceList::get(*lib);
+    if (!list) {
+      report.problem("list devices", list.error());
+    } else {
+      report.pass("list devices", list->names());
+      if (!device.empty()) {
+        auto d = list->find(device);
+        if (!d) report.problem("find " + device, d.error());
+        else check_device(report, *lib, *d, qp_need);
+      } else {
+        for (const Device& d : *list) check_device(report, *lib, d, qp_need);
+      }
+    }
+  }
+
+  if (as_json) {
+    utsname u{};
+    ::uname(&u);
+    json j;
+    j["tool"] = "tbverbs-doctor";
+    j["tbverbs_version"] = std::to_string(TBVERBS_VERSION_MAJOR) + "." + std::to_string(TBVERBS_VERSION_MINOR) + "." +
+                           std::to_string(TBVERBS_VERSION_PATCH);
+    j["system"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+    j["healthy"] = report.healthy();
+    j["findings"] = json::array();
+    for (const auto& f : report.findings)
+      j["findings"].push_back({{"check", f.check}, {"ok", f.ok}, {"detail", f.detail}, {"cause", f.cause},
+                               {"remedy", f.remedy}});
+    std::puts(j.dump(2).c_str());
+  } else {
+    int problems = 0;
+    for (const auto& f : report.findings) {
+      std::printf("[%s] %s: %s\n", f.ok ? " ok " : "FAIL", f.check.c_str(), f.detail.c_str());
+      if (!f.ok) {
+        ++problems;
+        if (!f.cause.empty()) std::printf("       cause:  %s\n", f.cause.c_str());
+        if (!f.remedy.empty()) std::printf("       remedy: %s\n", f.remedy.c_str());
+      }
+    }
+    std::printf("%s\n", report.healthy() ? "tbverbs-doctor: all checks passed"
+                                         : ("tbverbs-doctor: " + std::to_string(problems) + " problem(s) found").c_str());
+  }
+  return report.healthy() ? 0 : 1;
+}
