@@ -59,7 +59,7 @@ inline std::uint32_t fresh_psn() noexcept {
 ///
 /// A recipe can only be made from a GidSelection, and both the RTR `sgid_index` and the GID in
 /// the advertised Endpoint are read from that one selection: they cannot disagree (JACCL's
-/// hard-coded `sgid_index = 1` against a scanned GID is the failure this prevents).
+/// hard-coded source GID index of one against a scanned GID is the failure this prevents).
 class QpRecipe {
 public:
   /// Apple's RDMA over Thunderbolt, as the driver accepts it: UC, path MTU 1024, GRH always with

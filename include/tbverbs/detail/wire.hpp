@@ -1,6 +1,6 @@
 /// @file wire.hpp
 /// Byte-order-explicit encoding helpers and a CRC-32 for tbverbs' wire frames. Big-endian
-/// with shifts, so the same bytes come out on every host (no <endian.h>).
+/// with shifts, so the same bytes come out on every host (no platform byte-order header).
 #pragma once
 
 #include "../config.hpp"
