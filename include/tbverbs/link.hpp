@@ -365,6 +365,12 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
     return e.with_detail(d);
   };
+  // A peer that died or went silent during set-up is reported at Step::link_warmup (kind
+  // peer_lost or timeout, as the side channel saw it), naming the link and the peer.
+  auto channel_error = [&](Error e, std::size_t i) {
+    if (e.is(ErrorKind::peer_lost) || e.is(ErrorKind::timeout)) e.step = Step::link_warmup;
+    return with_link(e, i);
+  };
 
   // Checks of the specs, before touching any verbs object.
   for (std::size_t i = 0; i < n; ++i) {
@@ -423,13 +429,13 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       if (st[i].done) continue;
       const auto wire = st[i].prepared->endpoint().serialize();
       if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, wire, setup_deadline); !r)
-        return fail(r.error());
+        return fail(channel_error(r.error(), i));
     }
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
       auto raw = mailbox.recv(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, setup_deadline);
-      if (!raw) return fail(raw.error());
+      if (!raw) return fail(channel_error(raw.error(), i));
       auto remote = Endpoint::parse(*raw);
       if (!remote) return fail(with_link(remote.error(), i));
       auto qp = std::move(*s.prepared).connect(*remote);
@@ -449,12 +455,12 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     for (std::size_t i = 0; i < n; ++i) {
       if (st[i].done) continue;
       if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, {}, setup_deadline); !r)
-        return fail(r.error());
+        return fail(channel_error(r.error(), i));
     }
     for (std::size_t i = 0; i < n; ++i) {
       if (st[i].done) continue;
       if (auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, setup_deadline); !r)
-        return fail(r.error());
+        return fail(channel_error(r.error(), i));
     }
     // 5. Full-size tagged sends, then one bounded wait for both completions of every link (the
     //    links' waits overlap), probing the peers' side channels meanwhile.
@@ -492,7 +498,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       for (std::size_t i = 0; i < n; ++i) {
         State& s = st[i];
         if (s.done || (s.got_recv && s.got_send)) continue;
-        if (auto alive = sc.check_peer(specs[i].peer); !alive) return fail(with_link(alive.error(), i));
+        if (auto alive = sc.check_peer(specs[i].peer); !alive) return fail(channel_error(alive.error(), i));
         if (sleeper == n) sleeper = i;
       }
       // Sleep on one pending CQ for a slice; completions of the others are picked up next round.
@@ -529,14 +535,14 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, std::span(&ok, 1),
                                 setup_deadline);
           !r)
-        return fail(r.error());
+        return fail(channel_error(r.error(), i));
     }
     bool all_done = true;
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
       auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, setup_deadline);
-      if (!r) return fail(r.error());
+      if (!r) return fail(channel_error(r.error(), i));
       const bool peer_got = r->size() == 1 && (*r)[0] == std::byte{1};
       const bool mine = s.got_recv && s.recv_ok;
       if (peer_got && mine) {

@@ -57,6 +57,20 @@ case "$CASE" in
       echo "ok: rank $r exited with peer lost $(awk -v t="$t" -v k="$kill_t" 'BEGIN{printf "%.3f", t-k}') s after the kill"
     done
     ;;
+  kill_warmup)
+    # Sends from host1 are delayed, so the ranks sit in the links' warm-up; rank 1 is killed there.
+    # Its neighbours must report "link warm-up: peer lost" naming the link and rank 1, at once.
+    "$RING" --local 3 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    "$CLI" -f "$FABRIC" fault delay --usec 3000000 --host host1 >/dev/null || fail "cannot inject the delay"
+    run --local 3 --fabric "$FABRIC" --kill-rank 1 --kill-after 1000 --timeout 10000 "$@"
+    [ $RC -ne 0 ] || fail "launcher exited 0 although rank 1 was killed"
+    expect_not "HUNG"
+    for r in 0 2; do
+      grep -Eq "^\[rank $r\] rank $r: FAILED during setting up the ring: link warm-up: peer lost: link [0-9]+ to rank 1" "$OUT" ||
+        fail "rank $r did not report the lost peer at the link warm-up"
+    done
+    echo "ok: a rank killed during the warm-up is reported at the link warm-up as peer lost, naming it"
+    ;;
   stop)
     # SIGSTOP one rank mid-run: it stays alive (its side channel open) but silent. A rank waiting
     # for it must give up with "deadline passed" within the timeout (peer_lost cannot fire: the
