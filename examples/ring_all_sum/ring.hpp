@@ -334,7 +334,8 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   // Scratch: per direction 2 x window slots of one message each.
   if (auto s = reg(in_, max_bytes); !s) return s;
   if (auto s = reg(out_, max_bytes); !s) return s;
-  if (auto s = reg(scratch_, 2 * 2 * static_cast<std::size_t>(cfg_.window) * cfg_.message_bytes); !s) return s;
+  // plus one page at the end for the placeholder of empty messages.
+  if (auto s = reg(scratch_, 2 * 2 * static_cast<std::size_t>(cfg_.window) * cfg_.message_bytes + 4096); !s) return s;
   return {};
 }
 
@@ -387,6 +388,12 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   const std::size_t max_in_flight = S;
 
   auto is_rs = [&](std::size_t j) { return j / m < static_cast<std::size_t>(n - 1); };
+  // An empty piece (fewer elements than ranks, or uneven halves) still travels, so that both
+  // directions of a cable keep the same message numbering, but as a 4-byte placeholder in the
+  // scratch buffer's last page: whether Apple's driver accepts zero-length work requests is
+  // not documented. Both sides know the piece is empty, so the frame counts still match.
+  constexpr std::size_t placeholder = 4;
+  const std::size_t placeholder_off = 2 * S * slot_bytes;
 
   auto post_recv = [&](int d) -> Result<void> {
     const int side = d == 0 ? 0 : 1;  // R arrives from the left, L from the right
@@ -394,7 +401,9 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     const Range rg = range(d, j, false);
     const std::size_t len = (rg.e - rg.b) * es;
     tbverbs::Result<tbverbs::abi::ibv_sge> sge = fail(Error());
-    if (is_rs(j)) {
+    if (len == 0) {
+      sge = mr_on(scratch_, side).sge(placeholder_off, placeholder);
+    } else if (is_rs(j)) {
       const std::size_t off = (static_cast<std::size_t>(d) * S + j % S) * slot_bytes;
       sge = mr_on(scratch_, side).sge(off, len);
     } else {
@@ -412,7 +421,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     const std::size_t len = (rg.e - rg.b) * es;
     // Step 0 sends this rank's own input; later steps send what was reduced or gathered.
     Buffer& from = (j < m && !in_place) ? in_ : dbuf;
-    auto sge = mr_on(from, side).sge(rg.b * es, len);
+    auto sge = len == 0 ? mr_on(scratch_, side).sge(placeholder_off, placeholder) : mr_on(from, side).sge(rg.b * es, len);
     if (!sge) return fail(sge.error());
     if (auto p = links_[side].qp().send((std::uint64_t{1} << 40) | j, *sge); !p) return fail(p.error());
     ++sent[d];
@@ -425,10 +434,11 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
                               "receive completions out of order: got message " + std::to_string(wc.wr_id()) +
                                   ", expected " + std::to_string(j)));
     const Range rg = range(d, j, false);
-    if (wc.byte_len() != (rg.e - rg.b) * es)
+    const std::size_t want = rg.e > rg.b ? (rg.e - rg.b) * es : placeholder;
+    if (wc.byte_len() != want)
       return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
                               "message " + std::to_string(j) + " carried " + std::to_string(wc.byte_len()) +
-                                  " bytes, expected " + std::to_string((rg.e - rg.b) * es)));
+                                  " bytes, expected " + std::to_string(want)));
     if (is_rs(j) && rg.e > rg.b) {
       const std::size_t off = (static_cast<std::size_t>(d) * S + j % S) * slot_bytes;
       add(t, dst + rg.b * es, src + rg.b * es, scratch_.data() + off, rg.e - rg.b);
