@@ -331,10 +331,10 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
     }
     return {};
   };
-  // Scratch: per direction 2 x window slots of one message each.
   if (auto s = reg(in_, max_bytes); !s) return s;
   if (auto s = reg(out_, max_bytes); !s) return s;
-  // plus one page at the end for the placeholder of empty messages.
+  // Scratch: per direction 2 x window slots of one message each, plus one page at the end for the
+  // placeholder of empty messages.
   if (auto s = reg(scratch_, 2 * 2 * static_cast<std::size_t>(cfg_.window) * cfg_.message_bytes + 4096); !s) return s;
   return {};
 }
