@@ -336,21 +336,27 @@ int run_rank(const Options& o) {
         if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
         void* in = R.input().data();
         void* out = in_place ? in : R.output().data();
-        double total_s = 0;
-        for (int it = -o.warmup; it < iters; ++it) {
-          // Refill each time: an in-place run overwrote the input with the sum.
-          if (in_place || it == -o.warmup) fill(t, rank, in, count);
-          if (!in_place) std::memset(out, 0xff, bytes);  // stale output must not pass the check
-          std::chrono::steady_clock::time_point t0;
-          auto r = R.all_sum(count, t, in_place, [&]() -> tbverbs::Result<void> {
-            auto b = sc->barrier();
-            t0 = std::chrono::steady_clock::now();
-            return b;
-          });
-          if (!r) return fail_rank(rank, R.where() + " (" + human(bytes) + " " + ring::dtype_name(t) + ")", r.error(), &*sc);
-          if (it >= 0) total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
+        const std::string what = " (" + human(bytes) + " " + ring::dtype_name(t) + ")";
+        // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check),
+        //    a barrier of every rank before the first send.
+        fill(t, rank, in, count);
+        if (!in_place) std::memset(out, 0xff, bytes);
+        if (auto r = R.all_sum(count, t, in_place, [&] { return sc->barrier(); }); !r)
+          return fail_rank(rank, R.where() + what, r.error(), &*sc);
         const std::size_t bad = check(t, rank, n, out, count);
+        // 2. Timed runs, back to back as nccl-tests times them: between two all_sums a rank only
+        //    tells its two neighbours that its receives are posted. In place, each run sums the
+        //    previous sums (integers wrap, floats grow): same work, checked in step 1.
+        auto neighbours = [&] { return R.neighbours_posted(); };
+        for (int it = 0; it < o.warmup; ++it)
+          if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
+            return fail_rank(rank, R.where() + what, r.error(), &*sc);
+        if (auto b = sc->barrier(); !b) return fail_rank(rank, "the barrier before the timed runs", b.error(), &*sc);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int it = 0; it < iters; ++it)
+          if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
+            return fail_rank(rank, R.where() + what, r.error(), &*sc);
+        const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         // Every rank's verdict and time, so rank 0's summary covers the whole job.
         std::byte mine[16];
         std::uint64_t bad64 = bad, us = static_cast<std::uint64_t>(total_s * 1e6);

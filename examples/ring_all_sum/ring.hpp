@@ -128,11 +128,12 @@ inline void add(DType t, void* dst, const void* a, const void* b, std::size_t n)
   switch (t) {
   case DType::f32: run(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b)); break;
   case DType::f64: run(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b)); break;
+  // Integers wrap (two's complement, as the hardware adds), never signed-overflow UB.
   case DType::i32:
-    run(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a), static_cast<const std::int32_t*>(b));
+    run(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a), static_cast<const std::uint32_t*>(b));
     break;
   case DType::i64:
-    run(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a), static_cast<const std::int64_t*>(b));
+    run(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a), static_cast<const std::uint64_t*>(b));
     break;
   case DType::f16:
   case DType::bf16: {
@@ -194,13 +195,20 @@ public:
   Buffer& input() { return in_; }
   Buffer& output() { return out_; }
   const Config& config() const { return cfg_; }
+  /// "Receives posted" with the two neighbours only (tbverbs::receives_posted on both links): what
+  /// all_sum's `before_start` needs between back-to-back all_sums, since a rank only ever sends to
+  /// its neighbours. A global barrier works too, but costs two hops through rank 0.
+  Result<void> neighbours_posted() {
+    ++epoch_;
+    return tbverbs::receives_posted(mailbox_, links_, epoch_, std::chrono::steady_clock::now() + cfg_.timeout);
+  }
   /// The phase the last failure happened in ("reduce-scatter step 2 ...").
   const std::string& where() const { return where_; }
 
   /// Sums `count` elements of `t` over all ranks: from input() into output(), or in place in
   /// input(). Every rank calls it with the same arguments. `before_start` runs after this rank's
-  /// receives are posted and must contain a barrier of every rank (it doubles as the
-  /// "receives posted" barrier); the clock of the caller starts when it returns.
+  /// receives are posted and must not return before both neighbours have posted theirs: a barrier
+  /// of every rank, or neighbours_posted().
   Result<void> all_sum(std::size_t count, DType t, bool in_place, const std::function<Result<void>()>& before_start);
 
 private:
@@ -217,6 +225,7 @@ private:
   Port* side_[2] = {nullptr, nullptr};        // [0] left, [1] right
   std::vector<tbverbs::Link> links_;          // [0] left, [1] right
   Buffer in_, out_, scratch_;
+  std::uint32_t epoch_ = 0;
   std::string where_;
 };
 

@@ -243,6 +243,10 @@ public:
   /// "Receives posted" barrier with the peer: tells it that this side's receives for the coming
   /// sends are posted and waits until the peer says the same. `epoch` numbers successive
   /// barriers on the same link (start at 1). Errors: the side channel's.
+  ///
+  /// With several links (a ring), call receives_posted(LinkMailbox&, std::span<Link>, ...)
+  /// instead: one link after the other, each rank would wait for its left neighbour before
+  /// answering its right one, around the whole ring.
   [[nodiscard]] Result<void> receives_posted(LinkMailbox& mailbox, std::uint32_t epoch, SideChannelDeadline deadline) {
     const std::uint32_t tag = 0x80000000u | epoch;
     if (auto s = mailbox.send(peer_, LinkMailbox::Type::posted, id_, tag, {}, deadline); !s) return fail(s.error());
@@ -326,6 +330,27 @@ inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<Work
     }
   }
   return std::size_t{0};
+}
+
+/// "Receives posted" barrier on every link of `links` at once: tells each peer, then waits for
+/// each peer's word (sending all before waiting for any, so a ring cannot wait on itself).
+/// `epoch` numbers successive barriers (start at 1, the same on both ends). Errors: the side
+/// channel's (peer_lost, timeout, an abort), naming the link.
+[[nodiscard]] inline Result<void> receives_posted(LinkMailbox& mailbox, std::span<Link> links, std::uint32_t epoch,
+                                                  SideChannelDeadline deadline) {
+  const std::uint32_t tag = 0x80000000u | epoch;
+  auto named = [](Error e, const Link& l) {
+    std::string d = "link " + std::to_string(l.id()) + " to rank " + std::to_string(l.peer());
+    if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
+    return e.with_detail(d);
+  };
+  for (const Link& l : links)
+    if (auto s = mailbox.send(l.peer(), LinkMailbox::Type::posted, l.id(), tag, {}, deadline); !s)
+      return fail(named(s.error(), l));
+  for (const Link& l : links)
+    if (auto r = mailbox.recv(l.peer(), LinkMailbox::Type::posted, l.id(), tag, deadline); !r)
+      return fail(named(r.error(), l));
+  return {};
 }
 
 namespace detail {
