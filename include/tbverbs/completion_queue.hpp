@@ -82,10 +82,7 @@ public:
         return fail(info_->stamp(e));
       }
       if (channel_ != nullptr) {
-        if (const int rc = cq_->context->ops.req_notify_cq(cq_, 0); rc != 0) {
-          Error e = Error::from_return(Step::req_notify_cq, rc);
-          return fail(info_->stamp(e));
-        }
+        if (auto armed = arm(); !armed) return fail(armed.error());
         // A completion that landed before arming raises no event: poll once more, then sleep.
         auto again = poll(out);
         if (!again || *again > 0) return again;
@@ -94,6 +91,36 @@ public:
         ::sched_yield(); // other ranks may share this core (the emulator runs them on one host)
       }
     }
+  }
+
+  /// The completion channel's file descriptor (readable once an armed CQ gets a completion), or
+  /// -1 without a channel. For callers that sleep on several CQs at once with `poll()`: `arm()`
+  /// each, poll each CQ once more, `poll()` the fds, `consume_event()` on the readable ones.
+  int channel_fd() const noexcept { return channel_ != nullptr ? channel_->fd : -1; }
+  /// Requests an event on the channel for the next completion (`ibv_req_notify_cq`). Errors:
+  /// req_notify_cq's return value; `unsupported` without a channel.
+  [[nodiscard]] Result<void> arm() noexcept {
+    if (channel_ == nullptr)
+      return fail(Error::make(Step::req_notify_cq, ErrorKind::unsupported, "this CQ has no completion channel"));
+    if (const int rc = cq_->context->ops.req_notify_cq(cq_, 0); rc != 0) {
+      Error e = Error::from_return(Step::req_notify_cq, rc);
+      return fail(info_->stamp(e));
+    }
+    return {};
+  }
+  /// Reads one event from the channel (`ibv_get_cq_event`, which blocks if none is pending) and
+  /// acknowledges it at once, so `destroy_cq` never waits for unacknowledged events.
+  [[nodiscard]] Result<void> consume_event() noexcept {
+    if (channel_ == nullptr)
+      return fail(Error::make(Step::get_cq_event, ErrorKind::unsupported, "this CQ has no completion channel"));
+    abi::ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    if (info_->api->get_cq_event(channel_, &ev_cq, &ev_ctx) != 0) {
+      Error e = Error::from_errno(Step::get_cq_event);
+      return fail(info_->stamp(e));
+    }
+    info_->api->ack_cq_events(ev_cq, 1);
+    return {};
   }
 
   /// Entries the driver granted (may exceed what was asked).
@@ -136,7 +163,6 @@ private:
   // Sleeps on the armed channel's fd for at most 10 ms at a time, so the caller's deadline is
   // honoured even if an event is lost.
   Result<void> sleep_on_channel(std::chrono::steady_clock::duration left) {
-    const detail::VerbsApi& api = *info_->api;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count();
     pollfd p{channel_->fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, static_cast<int>(ms < 0 ? 0 : (ms > 10 ? 10 : ms)));
@@ -144,15 +170,7 @@ private:
       Error e = Error::from_errno(Step::get_cq_event);
       return fail(info_->stamp(e));
     }
-    if (ready > 0) {
-      abi::ibv_cq* ev_cq = nullptr;
-      void* ev_ctx = nullptr;
-      if (api.get_cq_event(channel_, &ev_cq, &ev_ctx) != 0) {
-        Error e = Error::from_errno(Step::get_cq_event);
-        return fail(info_->stamp(e));
-      }
-      api.ack_cq_events(ev_cq, 1); // acked at once, so destroy_cq never waits for unacked events
-    }
+    if (ready > 0) return consume_event();
     return {};
   }
 

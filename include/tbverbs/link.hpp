@@ -264,7 +264,6 @@ private:
   int peer_ = -1;
   std::uint32_t id_ = 0;
   int attempts_ = 0;
-  const detail::VerbsApi* api_ = nullptr;
   GidSelection gid_;
   detail::FixedString<64> device_;
   std::optional<CompletionQueue> cq_;
@@ -279,15 +278,11 @@ inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<Work
     return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "wait_any takes 1 to 16 links"));
   bool all_channels = true;
   for (Link* l : links) {
-    abi::ibv_cq* cq = l->cq().native_handle();
-    if (cq->channel == nullptr || l->api_ == nullptr || l->api_->get_cq_event == nullptr) {
+    if (l->cq().channel_fd() < 0) {
       all_channels = false;
       continue;
     }
-    if (const int rc = cq->context->ops.req_notify_cq(cq, 0); rc != 0) {
-      Error e = Error::from_return(Step::req_notify_cq, rc);
-      return fail(e.on(l->device()));
-    }
+    if (auto armed = l->cq().arm(); !armed) return fail(armed.error());
   }
   for (std::size_t i = 0; i < links.size(); ++i) {
     auto got = links[i]->cq().poll(out);
@@ -304,23 +299,16 @@ inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<Work
   nfds_t nfds = 0;
   std::size_t owner[max_links];
   for (std::size_t i = 0; i < links.size(); ++i) {
-    abi::ibv_cq* cq = links[i]->cq().native_handle();
-    if (cq->channel == nullptr) continue;
-    fds[nfds] = pollfd{cq->channel->fd, POLLIN, 0};
+    const int fd = links[i]->cq().channel_fd();
+    if (fd < 0) continue;
+    fds[nfds] = pollfd{fd, POLLIN, 0};
     owner[nfds++] = i;
   }
   const int ready = ::poll(fds, nfds, static_cast<int>(std::max<decltype(ms)>(ms, 0)));
   if (ready < 0 && errno != EINTR) return fail(Error::from_errno(Step::get_cq_event));
   for (nfds_t k = 0; ready > 0 && k < nfds; ++k) {
     if ((fds[k].revents & POLLIN) == 0) continue;
-    Link& l = *links[owner[k]];
-    abi::ibv_cq* ev_cq = nullptr;
-    void* ev_ctx = nullptr;
-    if (l.api_->get_cq_event(l.cq().native_handle()->channel, &ev_cq, &ev_ctx) != 0) {
-      Error e = Error::from_errno(Step::get_cq_event);
-      return fail(e.on(l.device()));
-    }
-    l.api_->ack_cq_events(ev_cq, 1);
+    if (auto ev = links[owner[k]]->cq().consume_event(); !ev) return fail(ev.error());
   }
   for (std::size_t i = 0; i < links.size(); ++i) {
     auto got = links[i]->cq().poll(out);
@@ -440,7 +428,6 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       if (!prep) return fail(with_link(prep.error(), i));
       s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
       s.link->device_.assign(sp.context->name());
-      s.link->api_ = sp.context->info()->api;
       s.link->cq_.emplace(std::move(*cq));
       s.prepared.emplace(std::move(*prep));
     }

@@ -448,3 +448,17 @@ TEST_CASE("endpoint wire form", "[endpoint]") {
   CHECK(kind_of(swapped).find("byte order") != std::string::npos);
   CHECK(Endpoint::parse(corrupt).error().kind == ErrorKind::bad_frame);
 }
+
+TEST_CASE("a CQ without a channel says so instead of blocking", "[cq]") {
+  FakeVerbs f; // the fake library has no completion channels: create_cq falls back to none
+  auto ctx = Context::open(f.library(), "rdma_en1");
+  REQUIRE(ctx);
+  auto cq = ctx->create_cq(16, true);
+  REQUIRE(cq);
+  CHECK_FALSE(cq->has_channel());
+  CHECK(cq->channel_fd() == -1);
+  auto armed = cq->arm();
+  REQUIRE_FALSE(armed);
+  CHECK(armed.error().kind == ErrorKind::unsupported);
+  CHECK(cq->consume_event().error().kind == ErrorKind::unsupported);
+}
