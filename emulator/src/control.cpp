@@ -172,7 +172,9 @@ EMU_EXPORT int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn) {
   return 0;
 }
 
-EMU_EXPORT int tbemu_fault_drop_next_qp(const char* fabric, const char* host) {
+namespace {
+// Arms one fault of `kind` on `host` (the faults that need nothing but a host and a delay).
+int arm_host_fault(const char* fabric, const char* host, uint32_t kind, uint32_t delay_us) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
   if (!f) return err;
@@ -183,42 +185,23 @@ EMU_EXPORT int tbemu_fault_drop_next_qp(const char* fabric, const char* host) {
   if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
   std::memset(ft, 0, sizeof *ft);
   ft->host = h;
-  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDropNext), __ATOMIC_RELEASE);
+  ft->delay_us = delay_us;
+  __atomic_store_n(&ft->kind, kind, __ATOMIC_RELEASE);
   __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
   return 0;
+}
+} // namespace
+
+EMU_EXPORT int tbemu_fault_drop_next_qp(const char* fabric, const char* host) {
+  return arm_host_fault(fabric, host, static_cast<uint32_t>(kFaultDropNext), 0);
 }
 
 EMU_EXPORT int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec) {
-  int err = 0;
-  Fabric* f = fabric_of(fabric, &err);
-  if (!f) return err;
-  int h;
-  if (int e = host_index(*f, host, &h)) return e;
-  Guard g(f->shm->lock);
-  ShmFault* ft = free_fault(f->shm);
-  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-  std::memset(ft, 0, sizeof *ft);
-  ft->host = h;
-  ft->delay_us = usec;
-  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDelay), __ATOMIC_RELEASE);
-  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
-  return 0;
+  return arm_host_fault(fabric, host, static_cast<uint32_t>(kFaultDelay), usec);
 }
 
 EMU_EXPORT int tbemu_fault_sticky_loss(const char* fabric, const char* host) {
-  int err = 0;
-  Fabric* f = fabric_of(fabric, &err);
-  if (!f) return err;
-  int h;
-  if (int e = host_index(*f, host, &h)) return e;
-  Guard g(f->shm->lock);
-  ShmFault* ft = free_fault(f->shm);
-  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-  std::memset(ft, 0, sizeof *ft);
-  ft->host = h;
-  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultStickyLoss), __ATOMIC_RELEASE);
-  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
-  return 0;
+  return arm_host_fault(fabric, host, static_cast<uint32_t>(kFaultStickyLoss), 0);
 }
 
 EMU_EXPORT int tbemu_kill_host(const char* fabric, const char* host, int sig, int* killed) {
