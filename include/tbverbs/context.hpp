@@ -100,6 +100,7 @@ public:
     p.gid_table_length = a.gid_tbl_len;
     p.lid = a.lid;
     p.link_layer = static_cast<LinkLayer>(a.link_layer);
+    p.max_msg_sz = a.max_msg_sz;
     return p;
   }
 

@@ -9,6 +9,8 @@
 /// 4 KiB frames, one registered warm-up buffer per link, freed once the link is verified).
 #pragma once
 
+#include "memory_region_set.hpp"
+#include "message_size.hpp"
 #include "side_channel.hpp"
 #include "tbverbs.hpp"
 
@@ -31,19 +33,6 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// Bytes of one Thunderbolt wire frame: the unit Apple's driver counts depths and pairs sends
-/// with receives in (TN3205).
-inline constexpr std::size_t frame_bytes = 4096;
-
-/// The number of 4 KiB frames a message of `bytes` spans on Thunderbolt (an empty message still
-/// takes one). A send and the receive it lands in must span the same number.
-constexpr std::uint32_t frames_of(std::size_t bytes) noexcept {
-  return bytes == 0 ? 1u : static_cast<std::uint32_t>((bytes + frame_bytes - 1) / frame_bytes);
-}
-
-/// The largest queue depth Apple's driver accepts, in frames (TN3205: "up to 4095").
-inline constexpr std::uint32_t max_depth_frames = 4095;
-
 /// What one link is made of: the peer, an identifier both ends agree on, and the local objects.
 /// The context, protection domain and recipe must outlive the connect call; the Link keeps its
 /// own references to what it needs afterwards.
@@ -57,10 +46,14 @@ struct LinkSpec {
 
 /// Bounds and sizes of link set-up.
 struct LinkOptions {
-  /// Size of the warm-up message: the largest message the link will carry, so a direction that
-  /// passes small messages but drops large ones is caught (ds4 saw 64 B pass and 16 KiB drop).
+  /// The largest message the link is to carry, and so the size of its warm-up message, so that a
+  /// direction that passes small messages but drops large ones is caught (ds4 saw 64 B pass and
+  /// 16 KiB drop). Lowered to largest_message_guess() and to what the peer can take; the warm-up
+  /// then confirms it or steps down to one frame (Link::max_message_bytes() says which).
   std::size_t warmup_bytes = 64 * 1024;
-  /// How many times a link is (re)created before giving up.
+  /// How many warm-ups in which a direction delivered nothing a link may have before it is given
+  /// up (each with a fresh QP). Rounds that only show messages above one frame are not delivered
+  /// (macOS 26.2) are counted apart: after two, the link steps down to one-frame messages.
   int attempts = 3;
   /// How long one warm-up attempt waits for the peer's message (ds4: 20 x 100 ms).
   std::chrono::milliseconds warmup_wait{2000};
@@ -151,7 +144,7 @@ public:
 
 private:
   static constexpr std::uint32_t magic = 0x54424c4bu; // "TBLK"
-  static constexpr std::uint16_t version = 1;
+  static constexpr std::uint16_t version = 2; // 2: endpoint messages carry the warm-up size
   static constexpr std::size_t header_bytes = 16;
   struct Msg {
     Type type{};
@@ -197,14 +190,18 @@ private:
 /// warm-up in both directions. The peers must call it at the same time with the matching specs
 /// (same `id`s); the order of `specs` does not matter. Returns the links in `specs` order.
 ///
-/// For each attempt: create a CQ and a QP (fresh PSN), exchange endpoints, connect (RTR, RTS),
-/// post one full-size receive, exchange "receives posted", send one full-size tagged message,
-/// wait (bounded, watching the side channel) for the peer's, check its bytes, and exchange the
-/// outcome. A link whose warm-up failed in either direction is destroyed and recreated on both
-/// sides; links that passed are kept. After `options.attempts` failures: `timeout` at
+/// First, before any QP exists, each link's warm-up buffer is registered (a MemoryRegionSet within
+/// the device's max_mr_size, with access rights the driver accepts). Then, each round: create a CQ
+/// and a QP (fresh PSN), exchange endpoints and the warm-up size each side can take (the smaller
+/// is used), connect (RTR, RTS), post the receives, exchange "receives posted", send a one-frame
+/// probe and a full-size tagged message, wait (bounded, watching the side channel) for the peer's,
+/// check their bytes, and exchange the outcomes. A link whose full-size message went through both
+/// ways is kept. Otherwise it is destroyed and recreated on both sides; when only the probes went
+/// through, twice, the next round warms up with one-frame messages only (macOS 26.2).
+/// After `options.attempts` rounds in which a direction delivered nothing: `timeout` at
 /// Step::link_warmup naming the link, the peer rank and the direction that failed (or
 /// `peer_lost` when the peer's side channel closed). Errors of the verbs steps (create_qp,
-/// modify_qp_rtr, ...) are returned as they are, with their diagnosis.
+/// modify_qp_rtr, reg_mr, ...) are returned as they are, with their diagnosis.
 [[nodiscard]] inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
                                                              const LinkOptions& options = {});
 
@@ -229,8 +226,12 @@ public:
   int peer() const noexcept { return peer_; }
   /// The identifier both ends agreed on.
   std::uint32_t id() const noexcept { return id_; }
-  /// How many attempts the warm-up took (1 = the first QP worked).
+  /// How many warm-up rounds the link took (1 = the first QP worked).
   int attempts() const noexcept { return attempts_; }
+  /// The largest message the warm-up confirmed in both directions: LinkOptions::warmup_bytes, or
+  /// less (the peer's limit, largest_message_guess(), or one 4 KiB frame after a step-down). Send
+  /// no message longer than this on the link.
+  std::size_t max_message_bytes() const noexcept { return max_message_; }
   /// The connected queue pair.
   QueuePair& qp() noexcept { return *qp_; }
   /// The link's completion queue (sends and receives).
@@ -264,6 +265,7 @@ private:
   int peer_ = -1;
   std::uint32_t id_ = 0;
   int attempts_ = 0;
+  std::size_t max_message_ = 0;
   GidSelection gid_;
   detail::FixedString<64> device_;
   std::optional<CompletionQueue> cq_;
@@ -357,17 +359,25 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
   SideChannel& sc = mailbox.channel();
   const int me = sc.rank();
   const std::size_t n = specs.size();
-  const std::size_t wbytes = std::max<std::size_t>(options.warmup_bytes & ~std::size_t{3}, 4);
+  if (options.attempts <= 0)
+    return fail(Error::make(Step::link_warmup, ErrorKind::invalid_argument, "no attempts allowed"));
 
+  // Warm-up messages of one link: a one-frame probe and, when the link is to carry more, a
+  // full-size message. wr_ids: receives 1 (probe) and 3 (full), sends 2 (probe) and 4 (full).
+  // Buffer of a link: [send: full | receive: probe frame | receive: full].
   struct State {
     std::optional<Link> link;
     std::optional<PreparedQueuePair> prepared;
-    std::optional<MemoryRegion> mr; // the warm-up buffer, registered in this link's PD
+    std::optional<AlignedBuffer> buffer;   // declared before mr: outlives the regions on it
+    std::optional<MemoryRegionSet> mr;     // registered before any QP of the link exists
+    std::size_t capacity = 0;              // largest warm-up message the buffer holds
+    std::size_t bytes = 0;                 // this round's warm-up size, agreed with the peer
     bool done = false;
-    bool got_recv = false, got_send = false, recv_ok = false;
+    int dead = 0;                          // rounds in which a direction delivered nothing
+    int size_limited = 0;                  // rounds in which only the one-frame probe got through
+    bool got_send[2] = {}, got_recv[2] = {}, recv_ok[2] = {};
     std::string last_failure;
   };
-  std::optional<AlignedBuffer> buffer; // declared first: outlives the regions registered on it
   std::vector<State> st(n);
 
   auto name = [&](std::size_t i) {
@@ -385,30 +395,51 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     return with_link(e, i);
   };
 
-  // Checks of the specs, before touching any verbs object.
+  // Checks of the specs, and every registration, before any QP exists: all anchors register
+  // before the QP transitions (TN3205's sample before creating the QP), and Anemll's `Bad address`
+  // on post_recv was fixed partly by registering earlier (field-failures 4b).
   for (std::size_t i = 0; i < n; ++i) {
     const LinkSpec& s = specs[i];
     if (s.context == nullptr || s.pd == nullptr || !s.recipe || s.peer < 0 || s.peer == me || s.peer >= sc.size())
       return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
                               name(i) + ": a LinkSpec needs a context, a PD, a recipe and another rank as peer"));
+    for (std::size_t j = 0; j < i; ++j)
+      if (specs[j].peer == s.peer && specs[j].id == s.id)
+        return fail(Error::make(Step::configure, ErrorKind::invalid_argument, name(i) + " is listed twice"));
+    const bool apple = s.context->platform() == Platform::apple;
+    auto dev = s.context->query_device();
+    if (!dev) return fail(with_link(dev.error(), i));
+    auto port = s.context->query_port(s.recipe->gid().port());
+    if (!port) return fail(with_link(port.error(), i));
+    const std::size_t wanted = std::max<std::size_t>(options.warmup_bytes & ~std::size_t{3}, 4);
+    auto guess = largest_message_guess(s.context->platform(), *port, *dev, wanted);
+    if (!guess) return fail(with_link(guess.error(), i));
+    st[i].capacity = guess->bytes;
     const QpCapacities& c = s.recipe->requested_capacities();
-    if (s.context->platform() == Platform::apple) {
+    if (apple) {
       if (c.max_send_wr > max_depth_frames || c.max_recv_wr > max_depth_frames)
         return fail(Error::make(Step::configure, ErrorKind::capacity,
                                 name(i) + ": queue depths are counted in 4 KiB frames on Thunderbolt; at most " +
                                     std::to_string(max_depth_frames)));
-      if (frames_of(wbytes) > c.max_send_wr || frames_of(wbytes) > c.max_recv_wr)
+      const std::uint32_t need = frames_of(st[i].capacity) + (st[i].capacity > frame_bytes ? 1 : 0);
+      if (need > c.max_send_wr || need > c.max_recv_wr)
         return fail(Error::make(Step::configure, ErrorKind::capacity,
-                                name(i) + ": the warm-up message spans " + std::to_string(frames_of(wbytes)) +
+                                name(i) + ": the warm-up messages span " + std::to_string(need) +
                                     " frames, more than the queue depth"));
     }
-    for (std::size_t j = 0; j < i; ++j)
-      if (specs[j].peer == s.peer && specs[j].id == s.id)
-        return fail(Error::make(Step::configure, ErrorKind::invalid_argument, name(i) + " is listed twice"));
+    auto b = AlignedBuffer::allocate(2 * st[i].capacity + frame_bytes);
+    if (!b) return fail(with_link(b.error(), i));
+    st[i].buffer.emplace(std::move(*b));
+    auto mr = MemoryRegionSet::reg(*s.pd, st[i].buffer->bytes(), dev->max_mr_size, st[i].capacity);
+    if (!mr) return fail(with_link(mr.error(), i));
+    st[i].mr.emplace(std::move(*mr));
   }
 
-  for (int attempt = 0; attempt < options.attempts; ++attempt) {
-    const auto a = static_cast<std::uint32_t>(attempt);
+  // A link is given up after `attempts` rounds in which a direction delivered nothing. A round in
+  // which the probe went through both ways but the full-size message did not is counted apart:
+  // twice, and the link steps down to one-frame messages on a fresh QP (macOS 26.2 delivers no
+  // message above one frame: ds4; one such round alone may be ds4's flaky fresh QP instead).
+  for (std::uint32_t round = 0;; ++round) {
     const auto setup_deadline = clock::now() + options.timeout;
     // 1. A fresh CQ and QP (new QPN, new PSN) for every link not yet verified; old ones first.
     for (std::size_t i = 0; i < n; ++i) {
@@ -416,8 +447,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       if (s.done) continue;
       s.prepared.reset();
       s.link.reset();
-      s.mr.reset();
-      s.got_recv = s.got_send = s.recv_ok = false;
+      for (int k = 0; k < 2; ++k) s.got_send[k] = s.got_recv[k] = s.recv_ok[k] = false;
       const LinkSpec& sp = specs[i];
       const QpCapacities& c = sp.recipe->requested_capacities();
       const int entries =
@@ -431,89 +461,113 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       s.link->cq_.emplace(std::move(*cq));
       s.prepared.emplace(std::move(*prep));
     }
-    if (!buffer) {
-      auto b = AlignedBuffer::allocate(2 * n * wbytes); // per link: [send | receive]
-      if (!b) return fail(b.error());
-      buffer.emplace(std::move(*b));
-    }
-    // 2. Endpoints both ways.
+    // 2. Endpoints both ways, each with the largest warm-up message its side can take this
+    //    round; both sides then use the smaller (a send must fit the peer's receive).
     for (std::size_t i = 0; i < n; ++i) {
-      if (st[i].done) continue;
-      const auto wire = st[i].prepared->endpoint().serialize();
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, wire, setup_deadline); !r)
+      State& s = st[i];
+      if (s.done) continue;
+      const std::size_t mine = s.size_limited >= 2 ? frame_bytes : s.capacity;
+      const auto wire = s.prepared->endpoint().serialize();
+      std::byte msg[Endpoint::wire_size + 8];
+      std::memcpy(msg, wire.data(), wire.size());
+      detail::put_be<std::uint64_t>(msg + Endpoint::wire_size, mine);
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, round, msg, setup_deadline); !r)
         return fail(channel_error(r.error(), i));
     }
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
-      auto raw = mailbox.recv(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, a, setup_deadline);
+      auto raw = mailbox.recv(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, round, setup_deadline);
       if (!raw) return fail(channel_error(raw.error(), i));
-      auto remote = Endpoint::parse(*raw);
+      if (raw->size() != Endpoint::wire_size + 8)
+        return fail(with_link(Error::make(Step::parse_endpoint, ErrorKind::bad_frame,
+                                          "link endpoint message of " + std::to_string(raw->size()) + " bytes"),
+                              i));
+      auto remote = Endpoint::parse(std::span<const std::byte>(*raw).first(Endpoint::wire_size));
       if (!remote) return fail(with_link(remote.error(), i));
+      const auto theirs = detail::get_be<std::uint64_t>(raw->data() + Endpoint::wire_size);
+      const std::size_t mine = s.size_limited >= 2 ? frame_bytes : s.capacity;
+      s.bytes = static_cast<std::size_t>(std::min<std::uint64_t>(mine, theirs));
+      if (s.bytes < 4) s.bytes = 4;
       auto qp = std::move(*s.prepared).connect(*remote);
       s.prepared.reset();
       if (!qp) return fail(with_link(qp.error(), i));
       s.link->qp_.emplace(std::move(*qp));
-      // 3. One full-size receive for the peer's warm-up message.
-      auto mr = specs[i].pd->reg_mr(*buffer);
-      if (!mr) return fail(with_link(mr.error(), i));
-      s.mr.emplace(std::move(*mr));
-      auto sge = s.mr->sge((2 * i + 1) * wbytes, wbytes);
-      if (!sge) return fail(sge.error());
-      std::memset(buffer->data() + (2 * i + 1) * wbytes, 0, wbytes);
-      if (auto r = s.link->qp_->recv(1, *sge); !r) return fail(with_link(r.error(), i));
+      // 3. The receives for the peer's warm-up messages: the probe first, as it is sent first.
+      std::memset(s.buffer->data() + s.capacity, 0, s.capacity + frame_bytes);
+      const bool full = s.bytes > frame_bytes;
+      for (int k = 0; k < (full ? 2 : 1); ++k) {
+        auto sge = k == 0 ? s.mr->sge(s.capacity, std::min(s.bytes, frame_bytes))
+                          : s.mr->sge(s.capacity + frame_bytes, s.bytes);
+        if (!sge) return fail(with_link(sge.error(), i));
+        if (auto r = s.link->qp_->recv(k == 0 ? 1 : 3, *sge); !r) return fail(with_link(r.error(), i));
+      }
     }
-    // 4. Receives-posted barrier: nobody sends before the peer's receive is there.
+    // 4. Receives-posted barrier: nobody sends before the peer's receives are there.
     for (std::size_t i = 0; i < n; ++i) {
       if (st[i].done) continue;
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, {}, setup_deadline); !r)
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, round, {}, setup_deadline); !r)
         return fail(channel_error(r.error(), i));
     }
     for (std::size_t i = 0; i < n; ++i) {
       if (st[i].done) continue;
-      if (auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, a, setup_deadline); !r)
+      if (auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, round, setup_deadline); !r)
         return fail(channel_error(r.error(), i));
     }
-    // 5. Full-size tagged sends, then one bounded wait for both completions of every link (the
-    //    links' waits overlap), probing the peers' side channels meanwhile.
+    // 5. Tagged sends (probe, then full), then one bounded wait for every link's completions
+    //    (the links' waits overlap), probing the peers' side channels meanwhile.
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
-      auto* words = reinterpret_cast<std::uint32_t*>(buffer->data() + 2 * i * wbytes);
-      for (std::size_t k = 0; k < wbytes / 4; ++k) words[k] = detail::warmup_word(k, specs[i].id, a, me);
-      auto sge = s.mr->sge(2 * i * wbytes, wbytes);
-      if (!sge) return fail(sge.error());
-      if (auto r = s.link->qp_->send(2, *sge); !r) return fail(with_link(r.error(), i));
+      auto* words = reinterpret_cast<std::uint32_t*>(s.buffer->data());
+      for (std::size_t k = 0; k < s.bytes / 4; ++k) words[k] = detail::warmup_word(k, specs[i].id, round, me);
+      const bool full = s.bytes > frame_bytes;
+      for (int k = 0; k < (full ? 2 : 1); ++k) {
+        auto sge = s.mr->sge(0, k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
+        if (!sge) return fail(with_link(sge.error(), i));
+        if (auto r = s.link->qp_->send(k == 0 ? 2 : 4, *sge); !r) return fail(with_link(r.error(), i));
+      }
     }
+    auto complete = [](const State& s) {
+      const int want = s.bytes > frame_bytes ? 2 : 1;
+      for (int k = 0; k < want; ++k)
+        if (!s.got_send[k] || !s.got_recv[k]) return false;
+      return true;
+    };
+    auto note = [&](State& s, const WorkCompletion& wc) {
+      const std::uint64_t id = wc.wr_id();
+      if (id == 2 || id == 4) s.got_send[id == 4] = true;
+      if (id == 1 || id == 3) {
+        const int k = id == 3;
+        s.got_recv[k] = true;
+        s.recv_ok[k] = wc.byte_len() == (k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
+      }
+    };
     const auto wait_deadline = clock::now() + options.warmup_wait;
     for (;;) {
       bool pending = false, progress = false;
       for (std::size_t i = 0; i < n; ++i) {
         State& s = st[i];
-        if (s.done || (s.got_recv && s.got_send)) continue;
+        if (s.done || complete(s)) continue;
         WorkCompletion wc[4];
         auto got = s.link->cq_->poll(wc);
         if (!got) return fail(with_link(got.error(), i));
         for (std::size_t k = 0; k < *got; ++k) {
           progress = true;
-          if (wc[k].wr_id() == 2) s.got_send = true;
-          if (wc[k].wr_id() == 1) {
-            s.got_recv = true;
-            s.recv_ok = wc[k].byte_len() == wbytes;
-          }
+          note(s, wc[k]);
         }
-        if (!(s.got_recv && s.got_send)) pending = true;
+        if (!complete(s)) pending = true;
       }
       if (!pending || clock::now() >= wait_deadline) break;
       if (progress) continue;
       std::size_t sleeper = n;
       for (std::size_t i = 0; i < n; ++i) {
         State& s = st[i];
-        if (s.done || (s.got_recv && s.got_send)) continue;
+        if (s.done || complete(s)) continue;
         if (auto alive = sc.check_peer(specs[i].peer); !alive) return fail(channel_error(alive.error(), i));
         if (sleeper == n) sleeper = i;
       }
-      // Sleep on one pending CQ for a slice; completions of the others are picked up next round.
+      // Wait on one pending CQ for a slice; completions of the others are picked up next round.
       WorkCompletion wc[4];
       const auto slice = std::min(wait_deadline, clock::now() + options.liveness_interval);
       auto got = st[sleeper].link->cq_->wait(wc, slice);
@@ -521,31 +575,30 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
         if (got.error().is(ErrorKind::timeout)) continue;
         return fail(with_link(got.error(), sleeper));
       }
-      for (std::size_t k = 0; k < *got; ++k) {
-        if (wc[k].wr_id() == 2) st[sleeper].got_send = true;
-        if (wc[k].wr_id() == 1) {
-          st[sleeper].got_recv = true;
-          st[sleeper].recv_ok = wc[k].byte_len() == wbytes;
-        }
-      }
+      for (std::size_t k = 0; k < *got; ++k) note(st[sleeper], wc[k]);
     }
-    // 6. Check the received bytes, and exchange the outcomes: a link is good only when both
-    //    directions delivered, and both sides decide the same.
+    // 6. Check the received bytes, and exchange the outcomes (bit 0: the probe arrived intact,
+    //    bit 1: the full-size message did): both sides decide the same from both outcomes.
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
-      if (s.got_recv && s.recv_ok) {
-        const auto* words = reinterpret_cast<const std::uint32_t*>(buffer->data() + (2 * i + 1) * wbytes);
-        for (std::size_t k = 0; k < wbytes / 4; ++k)
-          if (words[k] != detail::warmup_word(k, specs[i].id, a, specs[i].peer)) {
-            s.recv_ok = false;
+      const bool full = s.bytes > frame_bytes;
+      for (int k = 0; k < (full ? 2 : 1); ++k) {
+        if (!s.got_recv[k] || !s.recv_ok[k]) continue;
+        const auto* words =
+            reinterpret_cast<const std::uint32_t*>(s.buffer->data() + s.capacity + (k == 0 ? 0 : frame_bytes));
+        const std::size_t len = k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes;
+        for (std::size_t w = 0; w < len / 4; ++w)
+          if (words[w] != detail::warmup_word(w, specs[i].id, round, specs[i].peer)) {
+            s.recv_ok[k] = false;
             break;
           }
       }
-      if (!s.got_send) s.last_failure = "the warm-up send never completed";
-      const std::byte ok{static_cast<unsigned char>(s.got_recv && s.recv_ok ? 1 : 0)};
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, std::span(&ok, 1),
-                                setup_deadline);
+      if (!full) s.recv_ok[1] = s.recv_ok[0], s.got_recv[1] = s.got_recv[0];
+      const std::byte outcome{static_cast<unsigned char>((s.got_recv[0] && s.recv_ok[0] ? 1 : 0) |
+                                                         (s.got_recv[1] && s.recv_ok[1] ? 2 : 0))};
+      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::result, specs[i].id, round,
+                                std::span(&outcome, 1), setup_deadline);
           !r)
         return fail(channel_error(r.error(), i));
     }
@@ -553,26 +606,42 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     for (std::size_t i = 0; i < n; ++i) {
       State& s = st[i];
       if (s.done) continue;
-      auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::result, specs[i].id, a, setup_deadline);
+      auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::result, specs[i].id, round, setup_deadline);
       if (!r) return fail(channel_error(r.error(), i));
-      const bool peer_got = r->size() == 1 && (*r)[0] == std::byte{1};
-      const bool mine = s.got_recv && s.recv_ok;
-      if (peer_got && mine) {
+      const unsigned theirs = r->size() == 1 ? static_cast<unsigned>((*r)[0]) : 0u;
+      const unsigned mine = (s.got_recv[0] && s.recv_ok[0] ? 1u : 0u) | (s.got_recv[1] && s.recv_ok[1] ? 2u : 0u);
+      if ((mine & theirs & 2u) != 0) {
         s.done = true;
-        s.link->attempts_ = attempt + 1;
-        s.mr.reset();
+        s.link->attempts_ = static_cast<int>(round) + 1;
+        s.link->max_message_ = s.bytes;
         continue;
       }
       all_done = false;
+      auto direction = [&](int from, int to, unsigned got) {
+        return "rank " + std::to_string(from) + " -> rank " + std::to_string(to) +
+               ((got & 1u) != 0 ? " delivered the one-frame probe but not the " + std::to_string(s.bytes) + "-byte message"
+                                : " delivered nothing");
+      };
       std::string why;
-      if (!mine)
-        why = "rank " + std::to_string(specs[i].peer) + " -> rank " + std::to_string(me) +
-              (s.got_recv ? " delivered wrong bytes" : " delivered nothing");
-      if (!peer_got)
-        why += std::string(why.empty() ? "" : "; ") + "rank " + std::to_string(me) + " -> rank " +
-               std::to_string(specs[i].peer) + " delivered nothing";
+      if ((mine & 2u) == 0) why = direction(specs[i].peer, me, mine);
+      if ((theirs & 2u) == 0) why += std::string(why.empty() ? "" : "; ") + direction(me, specs[i].peer, theirs);
       s.last_failure = why;
-      if (options.on_retry && attempt + 1 < options.attempts) options.on_retry(specs[i].id, attempt + 1, why);
+      if ((mine & theirs & 1u) != 0) ++s.size_limited; else ++s.dead;
+      if (s.dead < options.attempts && options.on_retry)
+        options.on_retry(specs[i].id, static_cast<int>(round) + 1,
+                         why + (s.size_limited == 2 && (mine & theirs & 1u) != 0
+                                    ? "; stepping down to messages of one 4 KiB frame"
+                                    : ""));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const State& s = st[i];
+      if (s.done || s.dead < options.attempts) continue;
+      Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
+                            name(i) + ": warm-up failed " + std::to_string(options.attempts) +
+                                " times with a fresh QP each time (" + s.last_failure + ")");
+      e.on(specs[i].context->name(), specs[i].recipe->gid().port(), specs[i].recipe->gid().index())
+          .from(specs[i].context->platform());
+      return fail(e);
     }
     if (all_done) {
       std::vector<Link> out;
@@ -581,16 +650,6 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       return out;
     }
   }
-  for (std::size_t i = 0; i < n; ++i)
-    if (!st[i].done) {
-      Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
-                            name(i) + ": warm-up failed " + std::to_string(options.attempts) +
-                                " times with a fresh QP each time (" + st[i].last_failure + ")");
-      e.on(specs[i].context->name(), specs[i].recipe->gid().port(), specs[i].recipe->gid().index())
-          .from(specs[i].context->platform());
-      return fail(e);
-    }
-  return fail(Error::make(Step::link_warmup, ErrorKind::invalid_argument, "no attempts allowed"));
 }
 
 TBVERBS_NAMESPACE_END

@@ -43,6 +43,33 @@ public:
     return reg_mr(buffer.bytes(), access);
   }
 
+  /// Registers `memory` for two-sided use (sends from it and receives into it) with access rights
+  /// the driver accepts, on either reading of Apple's: TN3205 says register "only as
+  /// IBV_ACCESS_LOCAL_WRITE", while llama.cpp reports LOCAL_WRITE-only registrations refused on
+  /// hardware and JACCL/ds4 add REMOTE_READ|REMOTE_WRITE. Tries local write first, then local
+  /// write with both remote rights; the set that worked is remembered for the device, so later
+  /// registrations succeed on their first call. Errors: reg_mr's, from the first set tried, with
+  /// the second set's errno in the detail when both were refused.
+  [[nodiscard]] Result<MemoryRegion> reg_mr_two_sided(std::span<std::byte> memory) const {
+    constexpr Access sets[2] = {Access::local_write, Access::local_write | Access::remote_write | Access::remote_read};
+    const int known = info_->two_sided_access.load(std::memory_order_relaxed);
+    const int first = known == static_cast<int>(sets[1]) ? 1 : 0;
+    auto r = reg_mr(memory, sets[first]);
+    if (r || known >= 0) {
+      if (r) info_->two_sided_access.store(static_cast<int>(sets[first]), std::memory_order_relaxed);
+      return r;
+    }
+    auto second = reg_mr(memory, sets[1 - first]);
+    if (second) {
+      info_->two_sided_access.store(static_cast<int>(sets[1 - first]), std::memory_order_relaxed);
+      return second;
+    }
+    Error e = r.error();
+    const std::string_view name = detail::errno_name(second.error().sys_errno);
+    return fail(e.with_detail(std::string(e.detail.view()) + "; with remote access flags too: " +
+                              (name.empty() ? std::to_string(second.error().sys_errno) : std::string(name))));
+  }
+
   /// Deallocates now and returns the verb's result (EBUSY while regions or QPs still use it).
   [[nodiscard]] Result<void> close() noexcept { return pd_.close(); }
   /// The raw `ibv_pd*`.

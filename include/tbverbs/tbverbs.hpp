@@ -13,6 +13,8 @@
 #include "gid.hpp"
 #include "loader.hpp"
 #include "memory_region.hpp"
+#include "memory_region_set.hpp"
+#include "message_size.hpp"
 #include "protection_domain.hpp"
 #include "queue_pair.hpp"
 #include "recipe.hpp"

@@ -89,6 +89,7 @@ struct PortAttributes {
   int gid_table_length = 0;                       ///< GID table length (1024 on Thunderbolt).
   std::uint16_t lid = 0;                          ///< Local identifier (0 on RoCE and Thunderbolt).
   LinkLayer link_layer = LinkLayer::unspecified;  ///< Link layer.
+  std::uint32_t max_msg_sz = 0;                   ///< Largest message (16,773,120 on Thunderbolt: TN3205).
 };
 
 /// The device limits tbverbs uses (`ibv_query_device`).

@@ -23,6 +23,9 @@ struct ContextInfo {
   FixedString<64> device;
   std::atomic<int> memory_regions{0};
   std::atomic<int> queue_pairs{0};
+  /// The access rights the driver last accepted for a two-sided registration (-1: none yet), so
+  /// ProtectionDomain::reg_mr_two_sided tries the set that worked first (see there).
+  std::atomic<int> two_sided_access{-1};
 
   /// Stamps an error with this context's device and provider family.
   Error& stamp(Error& e, int port = 0, int gid_index = -1) const noexcept {

@@ -1,0 +1,129 @@
+/// @file memory_region_set.hpp
+/// A buffer of any size registered as several memory regions, none larger than the device's
+/// max_mr_size, so that every range up to a given length lies inside one of them.
+#pragma once
+
+#include "config.hpp"
+#include "detail/abi.hpp"
+#include "error.hpp"
+#include "memory_region.hpp"
+#include "protection_domain.hpp"
+#include "result.hpp"
+#include "types.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// How a buffer is cut into regions: `count` regions of `region_bytes` (the last may be shorter),
+/// starting every `stride` bytes. Neighbours overlap by `region_bytes - stride` >= the longest
+/// range the set serves, so any such range fits wholly inside one region: with one scatter-gather
+/// entry per work request (Apple's max_sge is 1) a message can never span two regions.
+struct RegionPlan {
+  std::size_t region_bytes = 0; ///< Length of each region but the last.
+  std::size_t stride = 0;       ///< Distance between region starts (a whole number of pages).
+  std::size_t count = 0;        ///< Number of regions.
+  std::size_t max_span = 0;     ///< Longest range `sge()` serves.
+
+  /// The plan for `bytes` of memory, regions of at most `max_region_bytes` (the device's
+  /// max_mr_size: 16,384,000 on Thunderbolt), serving ranges of up to `max_span` bytes, regions
+  /// starting on `page` boundaries. Errors: `capacity` when `max_span` does not fit in a region
+  /// with room to step (a region must hold at least twice the span, rounded to pages).
+  [[nodiscard]] static Result<RegionPlan> make(std::size_t bytes, std::uint64_t max_region_bytes, std::size_t max_span,
+                                               std::size_t page = AlignedBuffer::page_size()) {
+    RegionPlan p;
+    p.max_span = max_span;
+    const std::uint64_t cap = max_region_bytes == 0 ? std::numeric_limits<std::uint64_t>::max() : max_region_bytes;
+    if (bytes <= cap) { // one region: the common case on rdma-core, whose max_mr_size is huge
+      p.region_bytes = bytes;
+      p.stride = bytes;
+      p.count = 1;
+      p.max_span = bytes;
+      return p;
+    }
+    const std::size_t region = static_cast<std::size_t>(cap / page * page);
+    const std::size_t overlap = (max_span + page - 1) / page * page;
+    if (region < 2 * overlap || overlap == 0)
+      return fail(Error::make(Step::reg_mr, ErrorKind::capacity,
+                              "ranges of " + std::to_string(max_span) + " bytes need regions of at least " +
+                                  std::to_string(2 * overlap) + " bytes; the device allows " +
+                                  std::to_string(max_region_bytes)));
+    p.region_bytes = region;
+    p.stride = region - overlap;
+    p.count = 1 + (bytes - region + p.stride - 1) / p.stride;
+    return p;
+  }
+};
+
+/// One buffer registered as the regions of a RegionPlan (one region when the device allows it).
+/// Move-only; keeps its regions (and through them the protection domain) alive; the memory is the
+/// caller's and must outlive the set.
+class MemoryRegionSet {
+public:
+  /// Registers `memory` (page-aligned, e.g. an AlignedBuffer) in `pd` as regions of at most
+  /// `max_region_bytes` (pass the device's max_mr_size), serving ranges of up to `max_span`
+  /// bytes, with ProtectionDomain::reg_mr_two_sided (access rights the driver accepts). Errors:
+  /// the plan's `capacity`, or the failing region's reg_mr error (regions registered before it
+  /// are deregistered).
+  [[nodiscard]] static Result<MemoryRegionSet> reg(const ProtectionDomain& pd, std::span<std::byte> memory,
+                                                   std::uint64_t max_region_bytes, std::size_t max_span) {
+    auto plan = RegionPlan::make(memory.size(), max_region_bytes, max_span);
+    if (!plan) return fail(plan.error());
+    MemoryRegionSet set;
+    set.base_ = memory.data();
+    set.size_ = memory.size();
+    set.plan_ = *plan;
+    set.regions_.reserve(plan->count);
+    for (std::size_t k = 0; k < plan->count; ++k) {
+      const std::size_t off = k * plan->stride;
+      const std::size_t len = std::min(plan->region_bytes, memory.size() - off);
+      auto mr = pd.reg_mr_two_sided(memory.subspan(off, len));
+      if (!mr) {
+        Error e = mr.error();
+        return fail(e.with_detail("region " + std::to_string(k + 1) + " of " + std::to_string(plan->count) + ": " +
+                                  std::string(e.detail.view())));
+      }
+      set.regions_.push_back(std::move(*mr));
+    }
+    return set;
+  }
+
+  /// A scatter-gather entry for `length` bytes at `offset`, inside the one region that holds the
+  /// whole range. Errors: `invalid_argument` when the range leaves the buffer or is longer than
+  /// the plan's max_span (where it could straddle two regions). Allocates nothing.
+  [[nodiscard]] Result<abi::ibv_sge> sge(std::size_t offset, std::size_t length) const noexcept {
+    if (offset > size_ || length > size_ - offset)
+      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+                              "range outside the registered memory region set"));
+    std::size_t k = plan_.count > 1 ? std::min(offset / plan_.stride, plan_.count - 1) : 0;
+    const std::size_t start = k * plan_.stride;
+    if (offset + length > start + regions_[k].size())
+      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+                              "range longer than the region set's overlap (max_span)"));
+    return regions_[k].sge(offset - start, length);
+  }
+
+  /// Start of the buffer.
+  std::byte* data() const noexcept { return base_; }
+  /// Length of the buffer.
+  std::size_t size() const noexcept { return size_; }
+  /// How the buffer was cut.
+  const RegionPlan& plan() const noexcept { return plan_; }
+  /// The regions, in address order.
+  std::span<const MemoryRegion> regions() const noexcept { return regions_; }
+
+private:
+  MemoryRegionSet() = default;
+  std::byte* base_ = nullptr;
+  std::size_t size_ = 0;
+  RegionPlan plan_;
+  std::vector<MemoryRegion> regions_;
+};
+
+TBVERBS_NAMESPACE_END
