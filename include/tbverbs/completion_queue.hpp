@@ -4,17 +4,19 @@
 
 #include "config.hpp"
 #include "detail/abi.hpp"
+#include "detail/backoff.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
+#include "notice.hpp"
 #include "result.hpp"
 
 #include <poll.h>
-#include <sched.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -47,8 +49,26 @@ private:
 };
 static_assert(sizeof(WorkCompletion) == sizeof(abi::ibv_wc));
 
-/// A completion queue, optionally with its own completion channel so that `wait` sleeps instead
-/// of spinning. Move-only; keeps its context alive; kept alive by the QPs that use it.
+/// How a completion queue's `wait` waits (Context::create_cq).
+///
+/// Apple's driver documents no completion channels (TN3205: "all queue pair operations are
+/// non-blocking and the caller must poll") and no public Apple consumer uses them, so on Apple
+/// the default polls. Wherever a channel is wanted but cannot be created or armed (any errno,
+/// e.g. EOPNOTSUPP), the CQ falls back to polling, records why (`channel_note()`) and says so
+/// once per process (notice.hpp). A wait never fails for want of a channel.
+enum class CqWait : std::uint8_t {
+  /// Apple: poll. Elsewhere (rdma-core): a completion channel, falling back to polling.
+  automatic,
+  /// A completion channel on every platform, Apple's too; falls back to polling when it cannot
+  /// be created or armed.
+  channel,
+  /// No channel: `wait` polls (bounded spin, then yields, then sleeps of at most 1 ms).
+  poll,
+};
+
+/// A completion queue, with a completion channel when one was wanted and works (`wait` then
+/// sleeps on its fd) and polling otherwise. Move-only; keeps its context alive; kept alive by
+/// the QPs that use it.
 class CompletionQueue {
 public:
   /// Polls up to `out.size()` completions into `out`; returns how many. A failed completion is
@@ -66,36 +86,48 @@ public:
     return static_cast<std::size_t>(n);
   }
 
-  /// Polls until at least one completion arrives or `deadline` passes (`timeout` error: the peer
-  /// may be alive but silent; see the side channel for liveness). With a channel it sleeps on
-  /// the channel's file descriptor between polls; without, it spins, then yields.
+  /// Polls until at least one completion arrives or `deadline` passes (`timeout` error at
+  /// Step::wait_cq: the peer may be alive but silent; see the side channel for liveness).
+  /// Without a channel (always on Apple by default) it polls with detail::PollBackoff: a bounded
+  /// spin, then sched_yield, then sleeps growing to about 1 ms, never past the deadline. With a
+  /// channel it sleeps on the channel's fd between polls; if arming or reading the channel fails,
+  /// the CQ falls back to polling for good (see fall_back_to_polling) and the wait goes on.
+  /// Errors: poll's (wc_error, poll_cq), timeout. Not thread-safe (one waiter per CQ).
   [[nodiscard]] Result<std::size_t> wait(std::span<WorkCompletion> out,
                                          std::chrono::steady_clock::time_point deadline) {
-    for (unsigned spins = 0;; ++spins) {
-      auto r = poll(out);
-      if (!r || *r > 0) return r;
-      if ((spins & 63) != 63) continue; // a few hundred cheap polls before looking at the clock
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        Error e = Error::make(Step::wait_cq, ErrorKind::timeout,
-                              "no completion before the deadline; the peer may be dead or stopped");
-        return fail(info_->stamp(e));
-      }
-      if (channel_ != nullptr) {
-        if (auto armed = arm(); !armed) return fail(armed.error());
+    if (channel_ != nullptr) {
+      for (unsigned spins = 0; channel_ != nullptr; ++spins) {
+        auto r = poll(out);
+        if (!r || *r > 0) return r;
+        if ((spins & 63) != 63) continue; // a few cheap polls before looking at the clock
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return fail(timed_out());
+        if (auto armed = arm(); !armed) {
+          fall_back_to_polling(armed.error());
+          break;
+        }
         // A completion that landed before arming raises no event: poll once more, then sleep.
         auto again = poll(out);
         if (!again || *again > 0) return again;
-        if (auto s = sleep_on_channel(deadline - now); !s) return fail(s.error());
-      } else if (spins > 4096) {
-        ::sched_yield(); // other ranks may share this core (the emulator runs them on one host)
+        sleep_on_channel(deadline - now); // falls back to polling when the channel fails
+      }
+    }
+    detail::PollBackoff backoff(deadline);
+    for (;;) {
+      auto r = poll(out);
+      if (!r || *r > 0) return r;
+      if (!backoff.pause()) {
+        auto last = poll(out); // the deadline passed while pausing: one last look
+        if (!last || *last > 0) return last;
+        return fail(timed_out());
       }
     }
   }
 
   /// The completion channel's file descriptor (readable once an armed CQ gets a completion), or
-  /// -1 without a channel. For callers that sleep on several CQs at once with `poll()`: `arm()`
-  /// each, poll each CQ once more, `poll()` the fds, `consume_event()` on the readable ones.
+  /// -1 without a usable channel (none made, or fallen back to polling). For callers that sleep
+  /// on several CQs at once with `poll()`: `arm()` each (on failure, `fall_back_to_polling`),
+  /// poll each CQ once more, `poll()` the fds, `consume_event()` on the readable ones.
   int channel_fd() const noexcept { return channel_ != nullptr ? channel_->fd : -1; }
   /// Requests an event on the channel for the next completion (`ibv_req_notify_cq`). Errors:
   /// req_notify_cq's return value; `unsupported` without a channel.
@@ -123,9 +155,25 @@ public:
     return {};
   }
 
+  /// Stops using the completion channel: from now on `wait` polls, `has_channel()` is false and
+  /// `channel_fd()` is -1. Records `why` as channel_note() (the first cause is kept) and gives
+  /// Notice::completion_channel_fallback once per process. The channel object itself lives on
+  /// until the CQ is destroyed (a CQ must go before its channel). Callers that arm the channel
+  /// themselves (wait_any) call it when arming or reading the channel fails.
+  void fall_back_to_polling(const Error& why) noexcept {
+    channel_ = nullptr;
+    if (!note_) note_ = why;
+    detail::notice_once(Notice::completion_channel_fallback, *note_);
+  }
+  /// Why this CQ polls although a channel was wanted: the error of ibv_create_comp_channel,
+  /// ibv_req_notify_cq or ibv_get_cq_event as the verb returned it (with its diagnosis), or
+  /// `unsupported` at Step::create_comp_channel for a library without channel functions. Empty
+  /// when a channel works, or none was wanted (CqWait::poll, the default on Apple).
+  const std::optional<Error>& channel_note() const noexcept { return note_; }
+
   /// Entries the driver granted (may exceed what was asked).
   int capacity() const noexcept { return cq_->cqe; }
-  /// True when the CQ has a completion channel.
+  /// True when `wait` sleeps on a completion channel; false when it polls.
   bool has_channel() const noexcept { return channel_ != nullptr; }
   /// Destroys now and returns the verb's result (EBUSY while QPs still use it).
   [[nodiscard]] Result<void> close() noexcept {
@@ -148,6 +196,11 @@ private:
     channel_ = channel_owned_.get();
   }
 
+  [[gnu::noinline, gnu::cold]] Error timed_out() const noexcept {
+    Error e = Error::make(Step::wait_cq, ErrorKind::timeout,
+                          "no completion before the deadline; the peer may be dead or stopped");
+    return info_->stamp(e);
+  }
   [[gnu::noinline, gnu::cold]] Error poll_failed(int rc) const noexcept {
     Error e = Error::from_poll(rc);
     return info_->stamp(e);
@@ -161,17 +214,17 @@ private:
   }
 
   // Sleeps on the armed channel's fd for at most 10 ms at a time, so the caller's deadline is
-  // honoured even if an event is lost.
-  Result<void> sleep_on_channel(std::chrono::steady_clock::duration left) {
+  // honoured even if an event is lost. A channel that fails here is given up for polling.
+  void sleep_on_channel(std::chrono::steady_clock::duration left) noexcept {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count();
     pollfd p{channel_->fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, static_cast<int>(ms < 0 ? 0 : (ms > 10 ? 10 : ms)));
     if (ready < 0 && errno != EINTR) {
       Error e = Error::from_errno(Step::get_cq_event);
-      return fail(info_->stamp(e));
+      return fall_back_to_polling(info_->stamp(e));
     }
-    if (ready > 0) return consume_event();
-    return {};
+    if (ready > 0)
+      if (auto ev = consume_event(); !ev) fall_back_to_polling(ev.error());
   }
 
   // Declaration order is destruction order reversed: the CQ goes before its channel.
@@ -179,7 +232,8 @@ private:
   detail::Owned<abi::ibv_cq> owned_;
   std::shared_ptr<detail::ContextInfo> info_;
   abi::ibv_cq* cq_ = nullptr;                 // cached: the poll path reads no shared_ptr
-  abi::ibv_comp_channel* channel_ = nullptr;
+  abi::ibv_comp_channel* channel_ = nullptr; // null: wait polls (none made, or fallen back)
+  std::optional<Error> note_;                 // why a wanted channel is not used
 };
 
 TBVERBS_NAMESPACE_END

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -144,29 +145,65 @@ public:
   /// Creates a completion queue with room for at least `entries` completions (clamped to the
   /// device's max_cqe, since a larger request is refused with EINVAL). Size it for every
   /// outstanding signalled send plus every posted receive: an overrun loses completions.
-  /// With `with_channel` (and a library that has completion channels) `wait` sleeps on a fd.
-  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, bool with_channel = true) const {
+  ///
+  /// `wait` says how CompletionQueue::wait waits. CqWait::automatic (the default) makes no
+  /// channel on Apple (TN3205: "the caller must poll"; no Apple consumer uses channels) and one
+  /// elsewhere. Where a channel is wanted, it is created and armed once here; if either fails
+  /// (any errno, e.g. EOPNOTSUPP), or the library has no channel functions, or ibv_create_cq
+  /// refuses the channel, the CQ is made without one and polls: the cause is kept as
+  /// `channel_note()` and given once per process as Notice::completion_channel_fallback.
+  /// Errors: only ibv_create_cq's (errno, with the entries asked for); never a channel's.
+  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, CqWait wait = CqWait::automatic) const {
     const detail::VerbsApi& api = *info_->api;
     if (auto dev = query_device(); dev && dev->max_cqe > 0 && entries > dev->max_cqe) entries = dev->max_cqe;
+    const bool want = wait == CqWait::channel || (wait == CqWait::automatic && info_->platform != Platform::apple);
+    std::optional<Error> note;
     detail::Owned<abi::ibv_comp_channel> channel;
-    if (with_channel && api.create_comp_channel != nullptr) {
+    if (want && api.create_comp_channel == nullptr) {
+      Error e = Error::make(Step::create_comp_channel, ErrorKind::unsupported,
+                            "the verbs library " + api.origin + " has no completion-channel functions");
+      note = info_->stamp(e);
+    } else if (want) {
       errno = 0;
-      abi::ibv_comp_channel* ch = api.create_comp_channel(ctx_.get());
-      if (ch == nullptr) {
+      if (abi::ibv_comp_channel* ch = api.create_comp_channel(ctx_.get()); ch != nullptr) {
+        channel = detail::Owned<abi::ibv_comp_channel>(ch, api.destroy_comp_channel, ctx_.keep_alive());
+      } else {
         Error e = Error::from_errno(Step::create_comp_channel);
-        return fail(info_->stamp(e));
+        note = info_->stamp(e);
       }
-      channel = detail::Owned<abi::ibv_comp_channel>(ch, api.destroy_comp_channel, ctx_.keep_alive());
     }
     errno = 0;
     abi::ibv_cq* cq = api.create_cq(ctx_.get(), entries, nullptr, channel.get(), 0);
+    if (cq == nullptr && channel.get() != nullptr) {
+      // A provider that makes channels but will not attach one to a CQ: keep the CQ, lose the channel.
+      Error e = Error::from_errno(Step::create_cq);
+      note = info_->stamp(e).with_detail("with a completion channel; " + std::to_string(entries) + " entries");
+      channel = {};
+      errno = 0;
+      cq = api.create_cq(ctx_.get(), entries, nullptr, nullptr, 0);
+    }
     if (cq == nullptr) {
       Error e = Error::from_errno(Step::create_cq);
       return fail(info_->stamp(e).with_detail(std::to_string(entries) + " entries"));
     }
     auto parent = channel.get() != nullptr ? channel.keep_alive() : ctx_.keep_alive();
-    return CompletionQueue(std::move(channel), detail::Owned<abi::ibv_cq>(cq, api.destroy_cq, std::move(parent)),
+    const bool has_channel = channel.get() != nullptr;
+    CompletionQueue result(std::move(channel), detail::Owned<abi::ibv_cq>(cq, api.destroy_cq, std::move(parent)),
                            info_);
+    if (note) {
+      result.fall_back_to_polling(*note);
+    } else if (has_channel) {
+      // Arm now, so a driver that makes channels but cannot arm them is found here, once, and
+      // not in the middle of the first wait. An event this raises is consumed by a later wait.
+      if (auto armed = result.arm(); !armed) result.fall_back_to_polling(armed.error());
+    }
+    return result;
+  }
+
+  /// Creates a completion queue: `with_channel` true is CqWait::channel (a channel even on
+  /// Apple, polling if it cannot be made), false is CqWait::poll. Kept for existing callers.
+  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, bool with_channel) const {
+    return create_cq(entries, with_channel ? CqWait::channel : CqWait::poll);
   }
 
   /// Closes the device now and returns the verb's result (EBUSY while children are alive).

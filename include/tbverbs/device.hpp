@@ -7,10 +7,12 @@
 #include "error.hpp"
 #include "loader.hpp"
 #include "result.hpp"
+#include "types.hpp"
 
 #include <cerrno>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +36,21 @@ inline Platform platform_of_device(std::string_view name, Platform library_platf
   return library_platform == Platform::any ? Platform::rdma_core : library_platform;
 }
 
+/// Usable UC queue pairs per device on Apple's Thunderbolt driver (TN3205: "10 per device"; the
+/// 11th create_qp gets EBUSY, mlx#4209), whatever max_qp reports (public `ibv_devinfo -v` dumps
+/// show 11).
+inline constexpr int apple_usable_qps = 10;
+
+/// How many queue pairs a job may budget on one device: on Apple, apple_usable_qps (or max_qp
+/// if a driver ever reports fewer); elsewhere max_qp as reported (0 when unknown). The one
+/// place that turns device caps into a QP budget: tbverbs-doctor and anything else that
+/// budgets QPs call it.
+constexpr int usable_qps(const DeviceAttributes& attrs, Platform platform) noexcept {
+  if (platform == Platform::apple)
+    return attrs.max_qp > 0 && attrs.max_qp < apple_usable_qps ? attrs.max_qp : apple_usable_qps;
+  return attrs.max_qp > 0 ? attrs.max_qp : 0;
+}
+
 /// One device of a DeviceList: a non-owning view, valid while its DeviceList lives.
 class Device {
 public:
@@ -42,8 +59,10 @@ public:
     const char* n = api_->get_device_name(dev_);
     return n ? std::string_view(n) : std::string_view();
   }
-  /// The node GUID in host order.
-  std::uint64_t guid() const noexcept {
+  /// The node GUID in host order; empty when the library does not export
+  /// `ibv_get_device_guid` (an optional symbol: no Apple consumer resolves it).
+  std::optional<std::uint64_t> guid() const noexcept {
+    if (api_->get_device_guid == nullptr) return std::nullopt;
     const std::uint64_t be = api_->get_device_guid(dev_);
     std::uint64_t host = 0;
     const auto* b = reinterpret_cast<const unsigned char*>(&be);

@@ -44,6 +44,15 @@ namespace fact {
 inline constexpr std::string_view rdma_disabled = "rdma_ctl status: disabled";
 /// The Mac's Thunderbolt ports are not Thunderbolt 5 (`system_profiler` shows no 80 Gb/s port).
 inline constexpr std::string_view not_thunderbolt5 = "not Thunderbolt 5";
+/// A registration was longer than the device's max_mr_size (16,384,000 bytes on Thunderbolt):
+/// the registering code, which knows both numbers, writes "N bytes exceeds max_mr_size (M)".
+inline constexpr std::string_view exceeds_max_mr_size = "exceeds max_mr_size";
+/// A registration within max_mr_size was refused for its access flags (the registering code
+/// writes it when the length cannot be the cause).
+inline constexpr std::string_view access_refused = "access flags refused";
+/// The GID at the RTR source index is not the one advertised (a caller or provider that routes
+/// from a fixed index while the IPv4-mapped entry sits elsewhere, mlx PR #3389).
+inline constexpr std::string_view gid_index_mismatch = "GID not at the RTR source index";
 } // namespace fact
 
 /// One row of the catalogue. Fields left at their wildcard match anything; the first row that
@@ -218,13 +227,44 @@ inline constexpr Diagnosis memlock{
     "/etc/security/limits.conf (then log in again), `LimitMEMLOCK=infinity` for systemd units; "
     "containers: `--ulimit memlock=-1 --cap-add=IPC_LOCK`. Check with `ulimit -l`."};
 
+inline constexpr Diagnosis reg_mr_too_large{
+    "reg-mr-exceeds-max-mr-size",
+    "The region is longer than the device's max_mr_size: Apple's driver reports 16,384,000 bytes "
+    "(0xfa0000) per MR and refuses longer registrations with EINVAL.",
+    "Register regions of at most max_mr_size (`ibv_devinfo -v | grep max_mr_size`; 16,384,000 "
+    "bytes on Thunderbolt): serve a larger buffer as several MRs, each SGE inside one of them "
+    "(tbverbs' chunked registration does this), or stage it through bounded registered buffers. "
+    "Keep the MR count within max_mr (about 100 per device on Thunderbolt)."};
+
+inline constexpr Diagnosis reg_mr_access_refused{
+    "reg-mr-access-refused",
+    "The registration was refused for its access flags: Apple advises LOCAL_WRITE only (TN3205), "
+    "yet LOCAL_WRITE-only registrations were refused on hardware (llama.cpp) while JACCL and ds4 "
+    "register LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE; which set a Mac accepts differs.",
+    "Try the other access set: LOCAL_WRITE alone, else LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE "
+    "(tbverbs falls back from one to the other on refusal); on rdma-core, REMOTE_WRITE or "
+    "REMOTE_ATOMIC need LOCAL_WRITE too."};
+
+inline constexpr Diagnosis reg_mr_einval_macos{
+    "reg-mr-einval-macos",
+    "Apple's driver refused the registration with EINVAL: either its length is above max_mr_size "
+    "(16,384,000 bytes per MR on Thunderbolt), or its access flags are the set this Mac refuses "
+    "(TN3205 advises LOCAL_WRITE only; llama.cpp saw LOCAL_WRITE-only refused on hardware).",
+    "Register regions of at most max_mr_size (`ibv_devinfo -v | grep max_mr_size`), several MRs "
+    "for a larger buffer (tbverbs' chunked registration); if the length is within it, try the "
+    "other access set (LOCAL_WRITE alone, or LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE). Buffers "
+    "must be page-aligned."};
+
 inline constexpr Diagnosis reg_mr_macos{
     "reg-mr-macos",
     "Apple's driver refused the registration: its reported ceiling is about 100 MRs per device "
-    "(512 KB MRs, macOS 26.3), and buffers must be page-aligned (IOMMU).",
-    "Register one large page-aligned slab (tbverbs' page-aligned buffer helper, or "
-    "`posix_memalign` with `getpagesize()`) and sub-allocate from it; keep the MR count per device "
-    "well below 100; use IBV_ACCESS_LOCAL_WRITE only."};
+    "across the processes of a host (512 KB MRs, macOS 26.3), each MR at most max_mr_size "
+    "(16,384,000 bytes), and buffers must be page-aligned (IOMMU).",
+    "Budget the MRs a job needs before it starts and keep them well below 100 per device; register "
+    "page-aligned memory (tbverbs' AlignedBuffer, or `posix_memalign` with `getpagesize()`) in "
+    "regions of at most max_mr_size (tbverbs' chunked registration); deregister regions that are "
+    "no longer used, and look for orphaned processes holding MRs (`ps -axo pid,ppid,command | awk "
+    "'$2==1'`)."};
 
 inline constexpr Diagnosis reg_mr_efault{
     "reg-mr-bad-address",
@@ -238,7 +278,18 @@ inline constexpr Diagnosis reg_mr_einval{
     "The access flags or the range were refused: REMOTE_WRITE or REMOTE_ATOMIC without "
     "LOCAL_WRITE, a zero length, or a flag the device does not support.",
     "Use least privilege: LOCAL_WRITE for receive buffers, add REMOTE_WRITE (with LOCAL_WRITE) only "
-    "for RDMA-write targets; check the device's capabilities with `ibv_devinfo -v`."};
+    "for RDMA-write targets; keep each region within max_mr_size; check the device's capabilities "
+    "with `ibv_devinfo -v`."};
+
+inline constexpr Diagnosis channel_unsupported{
+    "completion-channel-unsupported",
+    "The provider has no working completion channels (ibv_create_comp_channel or "
+    "ibv_req_notify_cq refused): Apple's TN3205 says \"all queue pair operations are non-blocking "
+    "and the caller must poll\", and no public Apple consumer (JACCL, ds4, llama.cpp) uses "
+    "channels.",
+    "Poll the CQ instead. tbverbs falls back automatically: CompletionQueue::wait and wait_any poll "
+    "(a bounded spin, then yields, then sleeps of at most 1 ms, never past the deadline) and say so "
+    "once per process; create CQs with CqWait::poll to skip the attempt (the default on Apple)."};
 
 inline constexpr Diagnosis create_cq_too_large{
     "create-cq-too-large", "The CQ size was refused: cqe is larger than the device's max_cqe.",
@@ -312,7 +363,18 @@ inline constexpr Diagnosis rtr_no_ipv4_gid{
     "10.99.0.1/30), persistently `sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 "
     "255.255.0.0 \"\"`; take the Thunderbolt Bridge down (`sudo ifconfig bridge0 down`, or "
     "`networksetup -setnetworkserviceenabled \"Thunderbolt Bridge\" off`); check with "
-    "`ibv_devinfo -d rdma_enN -v | grep ffff`. Select the sgid_index by scanning (GidSelection)."};
+    "`ibv_devinfo -d rdma_enN -v | grep ffff`. Use the selection's index for the sgid_index (an "
+    "IPv4-mapped GID at index 2 routed from index 1 is EINVAL, mlx PR #3389): QpRecipe takes both "
+    "from one GidSelection."};
+
+inline constexpr Diagnosis rtr_einval_wrong_index{
+    "rtr-einval-gid-wrong-index",
+    "The RTR source GID index is not where the advertised IPv4-mapped GID sits: the GID was routed "
+    "from a fixed index (1) while the ::ffff: entry is at index 2 (mlx PR #3389: fails once a "
+    "third node joins).",
+    "Use the index of the selection the advertised GID came from, never a fixed one: tbverbs' "
+    "QpRecipe reads both from one GidSelection, so they agree by construction; check the table "
+    "with `ibv_devinfo -d rdma_enN -v | grep GID`."};
 
 inline constexpr Diagnosis rtr_einval_roce{
     "rtr-einval-rdma-core",
@@ -354,13 +416,16 @@ inline constexpr Diagnosis rtr_timeout{
 
 inline constexpr Diagnosis rtr_enodata_macos{
     "rtr-enodata-stale-gid",
-    "The GID table no longer holds what was selected: after sitting idle or asleep the IPv4 "
-    "address, its ::ffff: GID or the link was lost (Thunderbolt has no Wake-on-LAN), or the table "
-    "is stale or has holes. Restarting the application alone does not help.",
-    "Re-query the GID table at every connect (tbverbs re-selects and revalidates), re-assign the "
-    "IPv4 address (`sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 255.255.0.0 "
-    "\"\"`), disable sleep (`sudo pmset -a sleep 0`); if it persists, re-plug the cable or "
-    "reboot."};
+    "Two causes were reported. The GID table no longer holds what was selected: after sitting idle "
+    "or asleep the IPv4 address, its ::ffff: GID or the link was lost (Thunderbolt has no "
+    "Wake-on-LAN), or the table is stale or has holes; restarting the application alone does not "
+    "help. Or protection domains leaked by orphaned processes exhaust the device (11 per device, "
+    "freed only by a reboot).",
+    "Look for orphans first: `ps -axo pid,ppid,command | awk '$2==1'` and kill stale runners; if "
+    "none is found and it persists, reboot (leaked PDs are freed only then). Otherwise re-query the "
+    "GID table at every connect (tbverbs re-selects and revalidates), re-assign the IPv4 address "
+    "(`sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 255.255.0.0 \"\"`), disable "
+    "sleep (`sudo pmset -a sleep 0`); re-plug the cable or reboot."};
 
 inline constexpr Diagnosis rtr_enodata{
     "rtr-enodata",
@@ -605,9 +670,11 @@ inline constexpr Diagnosis result_mismatch{
 inline constexpr Diagnosis capacity{
     "capacity-exceeded",
     "The request exceeds a driver or recipe capacity (on Thunderbolt: queue depth at most 4095 "
-    "frames of 4 KiB, 10 QPs per device, about 100 MRs per device).",
-    "Lower the requested depths or counts; read the granted caps back from the QueuePair, "
-    "sub-allocate buffers from one registered slab, and destroy QPs that are no longer used."};
+    "frames of 4 KiB, 10 QPs per device, about 100 MRs per device of at most 16,384,000 bytes "
+    "each).",
+    "Lower the requested depths or counts; read the granted caps back from the QueuePair, keep "
+    "each memory region within max_mr_size and the MR count within max_mr, budget QPs with "
+    "usable_qps() (10 per device on Thunderbolt), and destroy QPs that are no longer used."};
 
 inline constexpr Diagnosis unsupported{
     "unsupported",
@@ -664,9 +731,26 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
 
     // Rows 4, 5: memory registration.
     {.platform = Platform::rdma_core, .step = Step::reg_mr, .sys_errno = ENOMEM, .diagnosis = detail::diag::memlock},
+    // Section 4b: max_mr_size 16,384,000 on Thunderbolt; LOCAL_WRITE-only refused (llama.cpp)
+    // against TN3205's LOCAL_WRITE-only advice. The registering code names the cause it knows.
+    {                                 .step = Step::reg_mr, .detail_contains = fact::exceeds_max_mr_size, .diagnosis = detail::diag::reg_mr_too_large},
+    {                                 .step = Step::reg_mr, .sys_errno = EINVAL, .detail_contains = fact::access_refused, .diagnosis = detail::diag::reg_mr_access_refused},
+    {.platform = Platform::apple,     .step = Step::reg_mr, .sys_errno = EINVAL, .diagnosis = detail::diag::reg_mr_einval_macos},
     {.platform = Platform::apple,     .step = Step::reg_mr, .diagnosis = detail::diag::reg_mr_macos},
     {                                 .step = Step::reg_mr, .sys_errno = EFAULT, .diagnosis = detail::diag::reg_mr_efault},
     {                                 .step = Step::reg_mr, .sys_errno = EINVAL, .diagnosis = detail::diag::reg_mr_einval},
+
+    // Section 4b: completion channels (TN3205: "the caller must poll"). EOPNOTSUPP and ENOTSUP
+    // are one value on Linux, two on macOS; `unsupported` is a library without the symbols.
+    {.step = Step::create_comp_channel, .sys_errno = EOPNOTSUPP, .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::create_comp_channel, .sys_errno = ENOTSUP,    .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::create_comp_channel, .kind = ErrorKind::unsupported, .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::req_notify_cq,       .sys_errno = EOPNOTSUPP, .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::req_notify_cq,       .sys_errno = ENOTSUP,    .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::req_notify_cq,       .kind = ErrorKind::unsupported, .diagnosis = detail::diag::channel_unsupported},
+    {.step = Step::get_cq_event,        .kind = ErrorKind::unsupported, .diagnosis = detail::diag::channel_unsupported},
+    {.platform = Platform::apple, .step = Step::create_comp_channel, .diagnosis = detail::diag::channel_unsupported},
+    {.platform = Platform::apple, .step = Step::req_notify_cq,       .diagnosis = detail::diag::channel_unsupported},
 
     // Rows 5, 6: completion queues.
     {.platform = Platform::rdma_core, .step = Step::create_cq, .sys_errno = ENOMEM, .diagnosis = detail::diag::memlock},
@@ -693,6 +777,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {                             .step = Step::create_qp, .sys_errno = ENOTSUP,    .diagnosis = detail::diag::qp_type_unsupported},
 
     // Rows 11-16: the INIT -> RTR -> RTS transitions.
+    {                                 .step = Step::modify_qp_rtr, .sys_errno = EINVAL, .detail_contains = fact::gid_index_mismatch, .diagnosis = detail::diag::rtr_einval_wrong_index},
     {.platform = Platform::apple,     .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_no_ipv4_gid},
     {.platform = Platform::rdma_core, .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_einval_roce},
     {                                 .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_einval},

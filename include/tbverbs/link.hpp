@@ -205,13 +205,20 @@ private:
 [[nodiscard]] inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
                                                              const LinkOptions& options = {});
 
-/// Sleeps until the CQ of one of `links` has completions, or `deadline` passes: arms every CQ's
-/// completion channel, polls each once (a completion that landed before arming raises no event),
-/// then sleeps on all the channels' descriptors at once. A backend with several links calls it
-/// when a round of polling found nothing, so an idle rank gives its core to the others instead of
-/// spinning (the emulator runs every rank on one host). Returns how many completions were written
-/// to `out` (0 when the deadline passed) and sets `which` to the index of their link. CQs without
-/// a channel are polled in slices of at most 1 ms. Errors: req_notify_cq, get_cq_event, the CQ's.
+/// Waits until the CQ of one of `links` has completions, or `deadline` passes. A backend with
+/// several links calls it when a round of polling found nothing, so an idle rank gives its core
+/// to the others instead of spinning (the emulator runs every rank on one host).
+///
+/// When every CQ has a working completion channel (rdma-core by default): arms each, polls each
+/// once (a completion that landed before arming raises no event), then sleeps on all the
+/// channels' descriptors at once, in slices of at most 10 ms. Otherwise (always on Apple by
+/// default: TN3205, "the caller must poll") it polls every CQ in turn with the same backoff as
+/// CompletionQueue::wait (detail::PollBackoff: spin, sched_yield, sleeps growing to about 1 ms,
+/// never past the deadline). A CQ whose channel cannot be armed or read falls back to polling
+/// (CompletionQueue::fall_back_to_polling, noted once per process) instead of failing the wait.
+/// Returns how many completions were written to `out` (0 when the deadline passed) and sets
+/// `which` to the index of their link. Errors: the CQs' (wc_error, poll_cq); invalid_argument
+/// for an empty span or more than 16 links.
 [[nodiscard]] inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<WorkCompletion> out,
                                                   std::size_t& which, SideChannelDeadline deadline);
 
@@ -278,48 +285,55 @@ inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<Work
   constexpr std::size_t max_links = 16;
   if (links.empty() || links.size() > max_links)
     return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "wait_any takes 1 to 16 links"));
-  bool all_channels = true;
-  for (Link* l : links) {
-    if (l->cq().channel_fd() < 0) {
-      all_channels = false;
-      continue;
+  auto poll_all = [&]() -> Result<std::size_t> {
+    for (std::size_t i = 0; i < links.size(); ++i) {
+      auto got = links[i]->cq().poll(out);
+      if (!got || *got > 0) {
+        which = i;
+        return got;
+      }
     }
-    if (auto armed = l->cq().arm(); !armed) return fail(armed.error());
-  }
-  for (std::size_t i = 0; i < links.size(); ++i) {
-    auto got = links[i]->cq().poll(out);
-    if (!got || *got > 0) {
-      which = i;
-      return got;
+    return std::size_t{0};
+  };
+  auto all_channels = [&] {
+    for (Link* l : links)
+      if (l->cq().channel_fd() < 0) return false;
+    return true;
+  };
+  // Sleeping on channels: every CQ must have one, or a completion on a channel-less CQ would
+  // wait for the slice to end.
+  while (all_channels()) {
+    for (Link* l : links)
+      if (auto armed = l->cq().arm(); !armed) l->cq().fall_back_to_polling(armed.error());
+    if (!all_channels()) break;
+    auto got = poll_all();
+    if (!got || *got > 0) return got;
+    const auto now = clock::now();
+    if (now >= deadline) return std::size_t{0};
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+    pollfd fds[max_links];
+    for (std::size_t i = 0; i < links.size(); ++i) fds[i] = pollfd{links[i]->cq().channel_fd(), POLLIN, 0};
+    const int ready =
+        ::poll(fds, static_cast<nfds_t>(links.size()), static_cast<int>(std::clamp<decltype(ms)>(ms, 0, 10)));
+    if (ready < 0 && errno != EINTR) {
+      const Error e = Error::from_errno(Step::get_cq_event);
+      for (Link* l : links) l->cq().fall_back_to_polling(e);
+      break;
     }
-  }
-  const auto now = clock::now();
-  if (now >= deadline) return std::size_t{0};
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-  if (!all_channels) ms = std::min<decltype(ms)>(ms, 1);
-  pollfd fds[max_links];
-  nfds_t nfds = 0;
-  std::size_t owner[max_links];
-  for (std::size_t i = 0; i < links.size(); ++i) {
-    const int fd = links[i]->cq().channel_fd();
-    if (fd < 0) continue;
-    fds[nfds] = pollfd{fd, POLLIN, 0};
-    owner[nfds++] = i;
-  }
-  const int ready = ::poll(fds, nfds, static_cast<int>(std::max<decltype(ms)>(ms, 0)));
-  if (ready < 0 && errno != EINTR) return fail(Error::from_errno(Step::get_cq_event));
-  for (nfds_t k = 0; ready > 0 && k < nfds; ++k) {
-    if ((fds[k].revents & POLLIN) == 0) continue;
-    if (auto ev = links[owner[k]]->cq().consume_event(); !ev) return fail(ev.error());
-  }
-  for (std::size_t i = 0; i < links.size(); ++i) {
-    auto got = links[i]->cq().poll(out);
-    if (!got || *got > 0) {
-      which = i;
-      return got;
+    for (std::size_t i = 0; ready > 0 && i < links.size(); ++i) {
+      if ((fds[i].revents & POLLIN) == 0) continue;
+      if (auto ev = links[i]->cq().consume_event(); !ev) links[i]->cq().fall_back_to_polling(ev.error());
     }
+    got = poll_all();
+    if (!got || *got > 0) return got;
   }
-  return std::size_t{0};
+  // Polling: the one backoff every channel-less wait uses.
+  detail::PollBackoff backoff(deadline);
+  for (;;) {
+    auto got = poll_all();
+    if (!got || *got > 0) return got;
+    if (!backoff.pause()) return poll_all(); // the deadline passed: one last look (0 if nothing)
+  }
 }
 
 /// "Receives posted" barrier on every link of `links` at once: tells each peer, then waits for

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -26,11 +27,11 @@ namespace detail {
 /// (post_send, post_recv, poll_cq, req_notify_cq) is not here: like the platform header's
 /// inline functions, it goes through each context's ops table.
 struct VerbsApi {
-  // Required: loading fails with a named error when one is missing.
+  // Required: loading fails with a named error when one is missing. Exactly the set the public
+  // Apple consumers resolve (JACCL, ds4), so no symbol only tbverbs asks for can stop a Mac.
   abi::ibv_device** (*get_device_list)(int* num_devices) = nullptr;
   void (*free_device_list)(abi::ibv_device** list) = nullptr;
   const char* (*get_device_name)(abi::ibv_device* device) = nullptr;
-  std::uint64_t (*get_device_guid)(abi::ibv_device* device) = nullptr;  // network byte order
   abi::ibv_context* (*open_device)(abi::ibv_device* device) = nullptr;
   int (*close_device)(abi::ibv_context* context) = nullptr;
   int (*query_device)(abi::ibv_context* context, abi::ibv_device_attr* attr) = nullptr;
@@ -49,7 +50,11 @@ struct VerbsApi {
   int (*modify_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask) = nullptr;
   int (*query_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask,
                   abi::ibv_qp_init_attr* init_attr) = nullptr;
-  // Optional: null means the feature is absent (waits then poll instead of sleeping on a channel).
+  // Optional: null means the feature is absent, never a failure.
+  // The node GUID (network byte order): no Apple consumer resolves it; Device::guid() is then empty.
+  std::uint64_t (*get_device_guid)(abi::ibv_device* device) = nullptr;
+  // Completion channels: without them waits poll instead of sleeping on a channel (TN3205 says
+  // the caller must poll; no Apple consumer uses them).
   abi::ibv_comp_channel* (*create_comp_channel)(abi::ibv_context* context) = nullptr;
   int (*destroy_comp_channel)(abi::ibv_comp_channel* channel) = nullptr;
   int (*get_cq_event)(abi::ibv_comp_channel* channel, abi::ibv_cq** cq, void** cq_context) = nullptr;
@@ -90,13 +95,14 @@ inline void* lookup(void* handle, const char* name, const char* version) noexcep
 #define TBVERBS_SYM(field, ver, req)                                                              \
   ::tbverbs::detail::SymbolEntry { "ibv_" #field, ver, req, [](VerbsApi& a, void* p) { assign(a.field, p); } }
 
-/// Resolves every symbol of `api` from `handle`; returns the first required symbol missing.
-inline Result<void> resolve_all(void* handle, VerbsApi& api) {
+/// Every verbs function tbverbs resolves, in lookup order. The required ones are exactly those
+/// the public Apple consumers (JACCL, ds4) resolve, so a Mac's librdma.dylib that serves them
+/// serves tbverbs; everything else is optional (a test pins both sets).
+inline std::span<const SymbolEntry> symbol_table() noexcept {
   static const SymbolEntry entries[] = {
       TBVERBS_SYM(get_device_list, "IBVERBS_1.1", true),
       TBVERBS_SYM(free_device_list, "IBVERBS_1.1", true),
       TBVERBS_SYM(get_device_name, "IBVERBS_1.1", true),
-      TBVERBS_SYM(get_device_guid, "IBVERBS_1.1", true),
       TBVERBS_SYM(open_device, "IBVERBS_1.1", true),
       TBVERBS_SYM(close_device, "IBVERBS_1.1", true),
       TBVERBS_SYM(query_device, "IBVERBS_1.1", true),
@@ -112,13 +118,20 @@ inline Result<void> resolve_all(void* handle, VerbsApi& api) {
       TBVERBS_SYM(destroy_qp, "IBVERBS_1.1", true),
       TBVERBS_SYM(modify_qp, "IBVERBS_1.1", true),
       TBVERBS_SYM(query_qp, "IBVERBS_1.1", true),
+      TBVERBS_SYM(get_device_guid, "IBVERBS_1.1", false),
       TBVERBS_SYM(create_comp_channel, "IBVERBS_1.0", false),
       TBVERBS_SYM(destroy_comp_channel, "IBVERBS_1.0", false),
       TBVERBS_SYM(get_cq_event, "IBVERBS_1.1", false),
       TBVERBS_SYM(ack_cq_events, "IBVERBS_1.1", false),
   };
+  return entries;
+}
 #undef TBVERBS_SYM
-  for (const SymbolEntry& e : entries) {
+
+/// Resolves every symbol of `api` from `handle`; returns the first required symbol missing.
+/// A missing optional symbol leaves its slot null: the feature is absent, loading succeeds.
+inline Result<void> resolve_all(void* handle, VerbsApi& api) {
+  for (const SymbolEntry& e : symbol_table()) {
     void* p = lookup(handle, e.name, e.version);
     if (p == nullptr && e.required) {
       Error err = Error::make(Step::resolve_symbol, ErrorKind::symbol_missing);
@@ -197,6 +210,12 @@ public:
   std::string_view path() const noexcept { return api_->origin; }
   /// The provider family guessed from the library name.
   Platform platform() const noexcept { return api_->platform; }
+  /// True when the library exports all four completion-channel functions (optional: without
+  /// them completion waits poll, as Apple's TN3205 prescribes anyway).
+  bool has_completion_channels() const noexcept { return api_->create_comp_channel != nullptr; }
+  /// True when the library exports `ibv_get_device_guid` (optional; Device::guid() is empty
+  /// without it).
+  bool has_device_guid() const noexcept { return api_->get_device_guid != nullptr; }
 
 private:
   explicit Library(const detail::VerbsApi* api) noexcept : api_(api) {}

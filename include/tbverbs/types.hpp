@@ -56,12 +56,25 @@ constexpr std::string_view port_state_name(PortState s) noexcept {
   return "PORT_UNKNOWN";
 }
 
-/// Link layer of a port.
+/// Link layer of a port (`ibv_port_attr::link_layer`).
 enum class LinkLayer : std::uint8_t {
-  unspecified = 0, ///< Not reported (Apple's driver, InfiniBand on old kernels).
-  infiniband = 1,  ///< InfiniBand.
-  ethernet = 2,    ///< Ethernet (RoCE).
+  unspecified = 0,   ///< Not reported (InfiniBand on old kernels).
+  infiniband = 1,    ///< InfiniBand.
+  ethernet = 2,      ///< Ethernet (RoCE).
+  thunderbolt = 100, ///< Apple's RDMA over Thunderbolt: `ibv_devinfo` prints "Thunderbolt (100)" (TN3205; mlx PR #4191).
 };
+
+/// Printable name of a link layer, as `ibv_devinfo` prints it ("Thunderbolt", "Ethernet",
+/// "InfiniBand"); "unspecified" for 0 and "unknown" for a value tbverbs does not know.
+constexpr std::string_view link_layer_name(LinkLayer l) noexcept {
+  switch (l) {
+  case LinkLayer::unspecified: return "unspecified";
+  case LinkLayer::infiniband: return "InfiniBand";
+  case LinkLayer::ethernet: return "Ethernet";
+  case LinkLayer::thunderbolt: return "Thunderbolt";
+  }
+  return "unknown";
+}
 
 /// Memory-region access rights (bits of `enum ibv_access_flags`). Combine with `|`.
 enum class Access : int {
@@ -94,13 +107,13 @@ struct PortAttributes {
 
 /// The device limits tbverbs uses (`ibv_query_device`).
 struct DeviceAttributes {
-  int max_qp = 0;              ///< Queue pairs per device (10 on Thunderbolt).
+  int max_qp = 0;              ///< Queue pairs per device as reported (11 on Thunderbolt, of which 10 are usable: budget with usable_qps()).
   int max_qp_wr = 0;           ///< Work requests per queue.
   int max_sge = 0;             ///< Scatter-gather entries per work request.
   int max_cq = 0;              ///< Completion queues.
   int max_cqe = 0;             ///< Entries per completion queue.
-  int max_mr = 0;              ///< Memory regions.
-  std::uint64_t max_mr_size = 0; ///< Largest memory region.
+  int max_mr = 0;              ///< Memory regions (100 per device on Thunderbolt, across the processes of a host).
+  std::uint64_t max_mr_size = 0; ///< Largest memory region (16,384,000 bytes on Thunderbolt).
   int phys_port_cnt = 0;       ///< Number of ports.
 };
 

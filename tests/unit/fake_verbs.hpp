@@ -5,7 +5,10 @@
 
 #include <tbverbs/tbverbs.hpp>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -34,6 +37,16 @@ struct FakeVerbs {
   int poll_rc = 0;                           // negative: poll_cq returns it
   std::deque<abi::ibv_wc> completions;       // what poll_cq hands out
   unsigned granted_send_wr = 0;              // 0: grant what was asked
+  int max_qp = 10;                           // query_device's max_qp (Macs report 11)
+  int link_layer = 0;                        // query_port's link_layer (Thunderbolt: 100)
+  std::chrono::steady_clock::time_point hold_until{}; // poll_cq finds nothing before this
+  // Completion channels: absent from the table unless enable_channels() is called.
+  int create_channel_errno = 0;              // create_comp_channel returns NULL with this errno
+  int req_notify_rc = 0;                     // req_notify_cq returns it
+  int create_cq_channel_errno = 0;           // create_cq refuses a CQ with a channel (errno)
+  int channel_creates = 0, notifies = 0, polls = 0;
+  std::deque<abi::ibv_comp_channel> channels;
+  int pipe_fds[2] = {-1, -1};                // the channels' fd: never readable
   // What happened.
   std::vector<std::string> calls;            // "dealloc_pd", "dereg_mr", ... in order
   std::vector<abi::ibv_qp_attr> modify_attrs;
@@ -50,7 +63,12 @@ struct FakeVerbs {
   tbverbs::detail::VerbsApi api;
 
   FakeVerbs();
-  ~FakeVerbs() { current = nullptr; }
+  ~FakeVerbs() {
+    current = nullptr;
+    for (int fd : pipe_fds)
+      if (fd >= 0) ::close(fd);
+  }
+  void enable_channels();
   FakeVerbs(const FakeVerbs&) = delete;
   FakeVerbs& operator=(const FakeVerbs&) = delete;
 
@@ -90,7 +108,7 @@ inline int f_close_device(abi::ibv_context*) {
 }
 inline int f_query_device(abi::ibv_context*, abi::ibv_device_attr* a) {
   a->max_cqe = 4096;
-  a->max_qp = 10;
+  a->max_qp = current->max_qp;
   a->phys_port_cnt = 1;
   return 0;
 }
@@ -101,6 +119,7 @@ inline int f_query_port(abi::ibv_context*, std::uint8_t port, abi::ibv_port_attr
   a->max_mtu = abi::IBV_MTU_4096;
   a->gid_tbl_len = static_cast<int>(current->gids.size());
   a->lid = 0;
+  a->link_layer = static_cast<std::uint8_t>(current->link_layer);
   return 0;
 }
 inline int f_query_gid(abi::ibv_context*, std::uint8_t, int index, abi::ibv_gid* g) {
@@ -145,7 +164,9 @@ inline int f_dereg_mr(abi::ibv_mr*) {
 }
 inline int f_poll_cq(abi::ibv_cq*, int n, abi::ibv_wc* wc) {
   auto& f = *current;
+  ++f.polls;
   if (f.poll_rc < 0) return f.poll_rc;
+  if (std::chrono::steady_clock::now() < f.hold_until) return 0;
   int k = 0;
   while (k < n && !f.completions.empty()) {
     wc[k++] = f.completions.front();
@@ -153,11 +174,39 @@ inline int f_poll_cq(abi::ibv_cq*, int n, abi::ibv_wc* wc) {
   }
   return k;
 }
-inline int f_req_notify_cq(abi::ibv_cq*, int) { return 0; }
+inline int f_req_notify_cq(abi::ibv_cq*, int) {
+  ++current->notifies;
+  return current->req_notify_rc;
+}
+inline abi::ibv_comp_channel* f_create_comp_channel(abi::ibv_context* c) {
+  auto& f = *current;
+  ++f.channel_creates;
+  if (f.create_channel_errno) {
+    errno = f.create_channel_errno;
+    return nullptr;
+  }
+  f.channels.push_back(abi::ibv_comp_channel{});
+  f.channels.back().context = c;
+  f.channels.back().fd = f.pipe_fds[0];
+  return &f.channels.back();
+}
+inline int f_destroy_comp_channel(abi::ibv_comp_channel*) {
+  current->calls.push_back("destroy_comp_channel");
+  return 0;
+}
+inline int f_get_cq_event(abi::ibv_comp_channel*, abi::ibv_cq**, void**) {
+  errno = EAGAIN; // the fake's fd never becomes readable, so this is never reached
+  return -1;
+}
+inline void f_ack_cq_events(abi::ibv_cq*, unsigned int) {}
 inline int f_post_send(abi::ibv_qp*, abi::ibv_send_wr*, abi::ibv_send_wr**) { return current->post_send_rc; }
 inline int f_post_recv(abi::ibv_qp*, abi::ibv_recv_wr*, abi::ibv_recv_wr**) { return current->post_recv_rc; }
 inline abi::ibv_cq* f_create_cq(abi::ibv_context* c, int cqe, void*, abi::ibv_comp_channel* ch, int) {
   auto& f = *current;
+  if (ch != nullptr && f.create_cq_channel_errno) {
+    errno = f.create_cq_channel_errno;
+    return nullptr;
+  }
   f.cqs.push_back(abi::ibv_cq{});
   f.cqs.back().context = c;
   f.cqs.back().cqe = cqe;
@@ -227,6 +276,14 @@ inline FakeVerbs::FakeVerbs() {
   api.query_qp = f_query_qp;
   api.origin = "fake";
   api.platform = tbverbs::Platform::rdma_core;
+}
+
+inline void FakeVerbs::enable_channels() {
+  if (pipe_fds[0] < 0 && ::pipe(pipe_fds) != 0) pipe_fds[0] = pipe_fds[1] = -1;
+  api.create_comp_channel = f_create_comp_channel;
+  api.destroy_comp_channel = f_destroy_comp_channel;
+  api.get_cq_event = f_get_cq_event;
+  api.ack_cq_events = f_ack_cq_events;
 }
 
 inline abi::ibv_wc completion(std::uint64_t wr_id, int status = abi::IBV_WC_SUCCESS,

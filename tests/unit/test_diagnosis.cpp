@@ -256,16 +256,87 @@ TEST_CASE("reg_mr ENOMEM on rdma-core is RLIMIT_MEMLOCK", "[diagnosis][mr]") {
 }
 
 TEST_CASE("reg_mr on Apple is the ~100 MR ceiling or alignment, never memlock", "[diagnosis][mr]") {
-  for (int errno_value : {0, ENOMEM, EINVAL}) {
+  for (int errno_value : {0, ENOMEM, EFAULT}) {
     const Error e = verb(apple, Step::reg_mr, errno_value);
     INFO("errno " << errno_value);
     CHECK(id_of(e) == "reg-mr-macos");
     CHECK(says(e, "about 100 MRs per device"));
     CHECK(says(e, "page-aligned"));
+    CHECK(says(e, "max_mr_size"));
   }
   CHECK(id_of(cond(apple, Step::reg_mr, ErrorKind::capacity)) == "reg-mr-macos");
   CHECK(id_of(verb(linux_rc, Step::reg_mr, EFAULT)) == "reg-mr-bad-address");
   CHECK(id_of(verb(linux_rc, Step::reg_mr, EINVAL)) == "reg-mr-einval");
+}
+
+TEST_CASE("reg_mr over max_mr_size: regions of at most max_mr_size, never one large slab", "[diagnosis][mr]") {
+  // Section 4b: Thunderbolt reports max_mr_size 16,384,000 and refuses longer registrations.
+  const std::string detail = "16777216 bytes exceeds max_mr_size (16384000)";
+  for (Platform p : {apple, linux_rc, any}) {
+    INFO("platform " << static_cast<int>(p));
+    Error e = verb(p, Step::reg_mr, EINVAL);
+    e.with_detail(detail);
+    CHECK(id_of(e) == "reg-mr-exceeds-max-mr-size");
+    CHECK(says(e, "16,384,000"));
+    CHECK(says(e, "at most max_mr_size"));
+    CHECK(says(e, "several MRs"));
+    // The library's own check (before calling the verb) says the same.
+    CHECK(id_of(cond(p, Step::reg_mr, ErrorKind::capacity, detail)) == "reg-mr-exceeds-max-mr-size");
+  }
+  CHECK(std::string(tbverbs::fact::exceeds_max_mr_size) == "exceeds max_mr_size");
+  // A plain EINVAL on Apple names both causes: the size cap and the access set.
+  const Error plain = verb(apple, Step::reg_mr, EINVAL);
+  CHECK(id_of(plain) == "reg-mr-einval-macos");
+  CHECK(says(plain, "16,384,000"));
+  CHECK(says(plain, "other access set"));
+  // That cap forbids registering "one large slab": no row may advise it any more.
+  for (const auto& r : tbverbs::diagnosis_catalogue) {
+    INFO(r.diagnosis.id);
+    CHECK(std::string(r.diagnosis.remedy).find("slab") == std::string::npos);
+    CHECK(std::string(r.diagnosis.cause).find("slab") == std::string::npos);
+  }
+}
+
+TEST_CASE("reg_mr refused for its access flags: try the other access set", "[diagnosis][mr]") {
+  // TN3205 advises LOCAL_WRITE only; llama.cpp saw LOCAL_WRITE-only refused on hardware.
+  for (Platform p : {apple, linux_rc}) {
+    Error e = verb(p, Step::reg_mr, EINVAL);
+    e.with_detail("65536 bytes; access flags refused: LOCAL_WRITE");
+    CHECK(id_of(e) == "reg-mr-access-refused");
+    CHECK(says(e, "Try the other access set"));
+    CHECK(says(e, "LOCAL_WRITE alone"));
+    CHECK(says(e, "LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE"));
+    CHECK(says(e, "TN3205"));
+    CHECK(says(e, "llama.cpp"));
+  }
+  // The fact alone does not turn another errno into an access problem.
+  Error nomem = verb(linux_rc, Step::reg_mr, ENOMEM);
+  nomem.with_detail("access flags refused");
+  CHECK(id_of(nomem) == "memlock-limit");
+}
+
+TEST_CASE("completion channels unsupported: poll instead, tbverbs falls back", "[diagnosis][cq]") {
+  // TN3205: "all queue pair operations are non-blocking and the caller must poll".
+  for (Platform p : {apple, linux_rc, any}) {
+    for (Step s : {Step::create_comp_channel, Step::req_notify_cq}) {
+      for (int errno_value : {EOPNOTSUPP, ENOTSUP}) {
+        INFO("platform " << static_cast<int>(p) << " step " << tbverbs::step_name(s) << " errno " << errno_value);
+        const Error e = s == Step::req_notify_cq ? Error::from_return(s, errno_value).from(p) : verb(p, s, errno_value);
+        CHECK(id_of(e) == "completion-channel-unsupported");
+        CHECK(says(e, "the caller must poll"));
+        CHECK(says(e, "falls back automatically"));
+        CHECK(says(e, "never past the deadline"));
+      }
+      // A library without the channel functions.
+      CHECK(id_of(cond(p, s, ErrorKind::unsupported)) == "completion-channel-unsupported");
+    }
+  }
+  CHECK(id_of(cond(any, Step::get_cq_event, ErrorKind::unsupported)) == "completion-channel-unsupported");
+  // On Apple any refusal of a channel is this row (errno or not).
+  CHECK(id_of(verb(apple, Step::create_comp_channel, 0)) == "completion-channel-unsupported");
+  CHECK(id_of(verb(apple, Step::create_comp_channel, ENOMEM)) == "completion-channel-unsupported");
+  // Not on rdma-core for an unrelated errno.
+  CHECK(id_of(verb(linux_rc, Step::create_comp_channel, EMFILE)) == "(none)");
 }
 
 TEST_CASE("create_cq EINVAL is cqe > max_cqe", "[diagnosis][cq]") {
@@ -372,6 +443,38 @@ TEST_CASE("RTR ENODATA on Apple: after idle, or a stale or holey GID table", "[d
   CHECK(says(mac, "holes"));
   CHECK(says(mac, "pmset -a sleep 0"));
   CHECK(id_of(Error::from_return(Step::modify_qp_rtr, ENODATA).from(linux_rc)) == "rtr-enodata");
+}
+
+TEST_CASE("RTR ENODATA on Apple: protection domains leaked by orphaned processes, beside the stale GID",
+          "[diagnosis][rtr]") {
+  // Section 4b: 11 PDs per device, freed only by a reboot.
+  const Error mac = Error::from_return(Step::modify_qp_rtr, ENODATA).from(apple);
+  CHECK(id_of(mac) == "rtr-enodata-stale-gid"); // one row, both causes
+  CHECK(says(mac, "protection domains leaked by orphaned processes"));
+  CHECK(says(mac, "11 per device"));
+  CHECK(says(mac, "`ps -axo pid,ppid,command | awk '$2==1'`"));
+  CHECK(says(mac, "reboot"));
+  CHECK(says(mac, "GID table")); // the stale-GID cause is still there
+  CHECK_FALSE(says(Error::from_return(Step::modify_qp_rtr, ENODATA).from(linux_rc), "orphaned"));
+}
+
+TEST_CASE("RTR EINVAL for a GID routed from the wrong index: use the selection's index", "[diagnosis][rtr]") {
+  // mlx PR #3389: the IPv4-mapped GID at index 2, RTR from index 1.
+  for (Platform p : {apple, linux_rc, any}) {
+    Error e = Error::from_return(Step::modify_qp_rtr, EINVAL).from(p);
+    e.with_detail(std::string(tbverbs::fact::gid_index_mismatch) + ": index 1 is fe80::1, ::ffff:10.0.0.1 is at 2");
+    e.gid_index = 1;
+    CHECK(id_of(e) == "rtr-einval-gid-wrong-index");
+    CHECK(says(e, "#3389"));
+    CHECK(says(e, "index 2"));
+    CHECK(says(e, "QpRecipe"));
+    CHECK(says(e, "by construction"));
+  }
+  // Without the fact the Apple row still names the cause among the others.
+  const Error mac = Error::from_return(Step::modify_qp_rtr, EINVAL).from(apple);
+  CHECK(id_of(mac) == "rtr-einval-no-ipv4-gid");
+  CHECK(says(mac, "index 2 routed from index 1"));
+  CHECK(says(mac, "mlx PR #3389"));
 }
 
 TEST_CASE("numbers copied from the other OS's logs do not match symbolic rows", "[diagnosis][errno]") {
