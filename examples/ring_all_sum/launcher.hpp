@@ -30,37 +30,65 @@
 
 namespace ring {
 
-/// The fabric of an N-host ring: each host has rdma_en1 (to its left neighbour) and rdma_en2 (to
-/// its right one); cable i joins host i's rdma_en2 and host i+1's rdma_en1, with 10.99.i.1/30 and
-/// 10.99.i.2/30 on its two ends.
-inline nlohmann::json ring_fabric(int n) {
-  nlohmann::json hosts = nlohmann::json::array(), cables = nlohmann::json::array();
-  auto ip = [](int cable, int end) { return "10.99." + std::to_string(cable) + "." + std::to_string(end) + "/30"; };
+/// The fabric of an N-host ring with `cables` cables between neighbours: cable c of hop h joins
+/// host h's rdma_en{2c+2} and host h+1's rdma_en{2c+1}, with 10.{99+c}.h.1/30 and 10.{99+c}.h.2/30
+/// on its two ends (one subnet per cable, as Thunderbolt wants). `quirks` ("name=value") go into
+/// the fabric's "quirks" object: the contested readings of Apple's driver the emulator plays.
+inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::string>& quirks = {}) {
+  nlohmann::json hosts = nlohmann::json::array(), wires = nlohmann::json::array();
+  auto ip = [](int c, int hop, int end) {
+    return "10." + std::to_string(99 + c) + "." + std::to_string(hop) + "." + std::to_string(end) + "/30";
+  };
+  auto dev = [](int c, bool right) { return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1)); };
   for (int h = 0; h < n; ++h) {
-    const int left_cable = (h + n - 1) % n;
-    hosts.push_back({{"name", "host" + std::to_string(h)},
-                     {"devices",
-                      {{{"name", "rdma_en1"}, {"ports", {{{"port", 1}, {"ipv4", ip(left_cable, 2)}}}}},
-                       {{"name", "rdma_en2"}, {"ports", {{{"port", 1}, {"ipv4", ip(h, 1)}}}}}}}});
+    const int left_hop = (h + n - 1) % n;
+    nlohmann::json devices = nlohmann::json::array();
+    for (int c = 0; c < cables; ++c) {
+      devices.push_back({{"name", dev(c, false)}, {"ports", {{{"port", 1}, {"ipv4", ip(c, left_hop, 2)}}}}});
+      devices.push_back({{"name", dev(c, true)}, {"ports", {{{"port", 1}, {"ipv4", ip(c, h, 1)}}}}});
+    }
+    hosts.push_back({{"name", "host" + std::to_string(h)}, {"devices", devices}});
   }
-  for (int c = 0; c < n; ++c)
-    cables.push_back({"host" + std::to_string(c) + ":rdma_en2:1", "host" + std::to_string((c + 1) % n) + ":rdma_en1:1"});
-  return {{"profile", "thunderbolt"}, {"hosts", hosts}, {"cables", cables}};
+  for (int h = 0; h < n; ++h)
+    for (int c = 0; c < cables; ++c)
+      wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
+                       "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
+  nlohmann::json f = {{"profile", "thunderbolt"}, {"hosts", hosts}, {"cables", wires}};
+  if (!quirks.empty()) {
+    nlohmann::json q = nlohmann::json::object();
+    for (const auto& kv : quirks) {
+      const auto eq = kv.find('=');
+      q[kv.substr(0, eq)] = eq == std::string::npos ? std::string() : kv.substr(eq + 1);
+    }
+    f["quirks"] = q;
+  }
+  return f;
 }
 
-/// The JACCL-style device file of that ring: entry [i][j] names rank i's device toward rank j,
-/// null on the diagonal and between non-neighbours. With two ranks the two cables join the same
-/// pair, so the entry lists both: the right link's device first, the left link's last.
-inline nlohmann::json ring_devices(int n) {
+/// The JACCL-style device file of that ring: entry [i][j] lists rank i's devices toward rank j
+/// (a string for one cable), null on the diagonal and between non-neighbours; entry k on rank i and
+/// entry k on rank j are the same cable. With two ranks both hops join the same pair: the entry
+/// lists hop 0's cables at even positions and hop 1's at odd ones, in the same order on both ranks.
+inline nlohmann::json ring_devices(int n, int cables = 1) {
+  auto dev = [](int c, bool right) { return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1)); };
+  auto one_or_list = [](nlohmann::json l) { return l.size() == 1 ? l[0] : l; };
   nlohmann::json m = nlohmann::json::array();
   for (int i = 0; i < n; ++i) {
     nlohmann::json row = nlohmann::json::array();
     for (int j = 0; j < n; ++j) {
-      if (i == j) row.push_back(nullptr);
-      else if (n == 2) row.push_back({"rdma_en2", "rdma_en1"});
-      else if (j == (i + 1) % n) row.push_back("rdma_en2");
-      else if (j == (i + n - 1) % n) row.push_back("rdma_en1");
-      else row.push_back(nullptr);
+      nlohmann::json l = nlohmann::json::array();
+      if (i != j && n == 2) {
+        for (int c = 0; c < cables; ++c) {
+          // Hop 0 runs from rank 0's right devices to rank 1's left ones; hop 1 the other way.
+          l.push_back(dev(c, i == 0));
+          l.push_back(dev(c, i == 1));
+        }
+      } else if (j == (i + 1) % n) {
+        for (int c = 0; c < cables; ++c) l.push_back(dev(c, true));
+      } else if (j == (i + n - 1) % n) {
+        for (int c = 0; c < cables; ++c) l.push_back(dev(c, false));
+      }
+      row.push_back(l.empty() ? nlohmann::json(nullptr) : one_or_list(l));
     }
     m.push_back(row);
   }
@@ -94,6 +122,8 @@ struct LocalOptions {
   std::chrono::milliseconds kill_after{0};  // ... this long after the start
   bool stop = false;                // SIGSTOP it instead (alive but silent); SIGKILL once the others exited
   bool keep = false;                // keep the temporary directory
+  int cables = 1;                   // cables between neighbours
+  std::vector<std::string> quirks;  // "name=value": readings of Apple's driver the emulator plays
 };
 
 struct RankProcess {
@@ -129,14 +159,19 @@ inline int run_local(const LocalOptions& o) {
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
-    std::ofstream(fabric) << ring_fabric(n).dump(2) << "\n";
+    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks).dump(2) << "\n";
   }
   const std::string devices = (dir / "devices.json").string();
-  std::ofstream(devices) << ring_devices(n).dump() << "\n";
+  std::ofstream(devices) << ring_devices(n, o.cables).dump() << "\n";
+  // An existing fabric file keeps its own quirks; --quirk reaches the ranks through the
+  // emulator's environment variable instead.
+  std::string quirk_env;
+  for (const auto& q : o.quirks) quirk_env += (quirk_env.empty() ? "" : ",") + q;
   const int port = free_port();
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
-  std::printf("local ring of %d emulated hosts: fabric %s, devices %s, coordinator %s\n", n, fabric.c_str(),
-              devices.c_str(), coordinator.c_str());
+  std::printf("local ring of %d emulated hosts (%d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
+              n, o.cables, o.cables == 1 ? "" : "s", quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(),
+              fabric.c_str(), devices.c_str(), coordinator.c_str());
   std::fflush(stdout);
 
   std::vector<RankProcess> ranks(static_cast<std::size_t>(n));
@@ -164,6 +199,7 @@ inline int run_local(const LocalOptions& o) {
       ::setenv("TBVERBS_EMU_FABRIC", fabric.c_str(), 1);
       ::setenv("TBVERBS_EMU_HOST", ("host" + std::to_string(i)).c_str(), 1);
       if (o.fabric.empty()) ::setenv("TBVERBS_EMU_STATE_DIR", state_dir.c_str(), 1);
+      if (!o.fabric.empty() && !quirk_env.empty()) ::setenv("TBVERBS_EMU_QUIRKS", quirk_env.c_str(), 1);
       ::setenv("JACCL_RANK", std::to_string(i).c_str(), 1);
       ::setenv("JACCL_COORDINATOR", coordinator.c_str(), 1);
       ::setenv("JACCL_IBV_DEVICES", devices.c_str(), 1);

@@ -205,7 +205,9 @@ struct Options {
   int window = 8;
   int timeout_ms = 30000, gid_wait_ms = 1000;
   bool csv = false, quiet = false, keep = false;
-  std::string fabric, write_fabric;
+  std::string fabric, write_fabric, memory = "auto";
+  std::vector<std::string> quirks;
+  int cables = 1;
   int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
 };
 
@@ -234,8 +236,10 @@ int run_rank(const Options& o) {
   if (coordinator.empty()) return config_error("no coordinator: pass --coordinator host:port or set JACCL_COORDINATOR");
   if (devices_path.empty()) return config_error("no device file: pass --devices FILE or set JACCL_IBV_DEVICES");
 
-  // The device file: a JSON matrix, [i][j] = rank i's device toward rank j, null on the diagonal.
-  // An entry may also be a list (two cables between the same two ranks): right link first.
+  // The device file: a JSON matrix, [i][j] = rank i's device toward rank j (null on the diagonal),
+  // as JACCL reads it; or mlx.distributed_config's hostfile, {"hosts": [{"rdma": [row i]}, ...]}.
+  // An entry may be a list of devices, one per cable, and entry k on rank i and entry k on rank j
+  // are the same cable (as JACCL pairs them and exo writes them).
   nlohmann::json m;
   try {
     std::ifstream f(devices_path);
@@ -244,25 +248,63 @@ int run_rank(const Options& o) {
   } catch (const std::exception& e) {
     return config_error(devices_path + ": not valid JSON: " + e.what());
   }
+  if (m.is_object() && m.contains("hosts") && m["hosts"].is_array()) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& h : m["hosts"]) {
+      if (!h.is_object() || !h.contains("rdma"))
+        return config_error(devices_path + ": every entry of \"hosts\" needs an \"rdma\" list");
+      rows.push_back(h["rdma"]);
+    }
+    m = std::move(rows);
+  }
   if (!m.is_array() || m.size() < 2) return config_error(devices_path + ": expected a square matrix of at least 2 ranks");
   const int n = static_cast<int>(m.size());
+  if (n > 64) return config_error(devices_path + ": at most 64 ranks");
   if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the device file's " + std::to_string(n) + " ranks");
   const int left = (rank + n - 1) % n, right = (rank + 1) % n;
-  auto entry = [&](int peer, bool first) -> std::string {
+  std::string entry_problem;
+  auto entry = [&](int peer) -> std::vector<std::string> {
     const auto& row = m[static_cast<std::size_t>(rank)];
-    if (!row.is_array() || row.size() != static_cast<std::size_t>(n)) return {};
+    if (!row.is_array() || row.size() != static_cast<std::size_t>(n)) {
+      entry_problem = "row " + std::to_string(rank) + " is not a list of " + std::to_string(n) + " entries";
+      return {};
+    }
     const auto& e = row[static_cast<std::size_t>(peer)];
-    if (e.is_string()) return e.get<std::string>();
-    if (e.is_array() && !e.empty() && e.front().is_string())
-      return first ? e.front().get<std::string>() : e.back().get<std::string>();
-    return {};
+    std::vector<std::string> out;
+    if (e.is_string()) out.push_back(e.get<std::string>());
+    else if (e.is_array())
+      for (const auto& d : e) {
+        if (!d.is_string() || d.get<std::string>().empty()) {
+          entry_problem = "entry [" + std::to_string(rank) + "][" + std::to_string(peer) + "] lists something that is not a device name";
+          return {};
+        }
+        out.push_back(d.get<std::string>());
+      }
+    if (out.size() > 32) {
+      entry_problem = "entry [" + std::to_string(rank) + "][" + std::to_string(peer) + "] lists more than 32 cables";
+      return {};
+    }
+    return out;
   };
   ring::Config cfg;
   cfg.rank = rank;
   cfg.size = n;
-  cfg.right_device = entry(right, true);
-  cfg.left_device = entry(left, false);
-  if (cfg.right_device.empty() || cfg.left_device.empty())
+  if (n == 2) {
+    // Both neighbours are the same rank: its cables are shared out, even entries carrying rank 0's
+    // rightward hop and odd entries rank 1's (entry k is one cable on both ranks, so both agree).
+    // One cable carries both hops (two QPs on one device).
+    const auto cables = entry(1 - rank);
+    std::vector<std::string> even, odd;
+    for (std::size_t k = 0; k < cables.size(); ++k) (k % 2 == 0 ? even : odd).push_back(cables[k]);
+    if (odd.empty()) odd = even;
+    cfg.right_devices = rank == 0 ? even : odd;
+    cfg.left_devices = rank == 0 ? odd : even;
+  } else {
+    cfg.right_devices = entry(right);
+    cfg.left_devices = entry(left);
+  }
+  if (!entry_problem.empty()) return config_error(devices_path + ": " + entry_problem);
+  if (cfg.right_devices.empty() || cfg.left_devices.empty())
     return config_error(devices_path + ": rank " + std::to_string(rank) + " needs devices toward ranks " +
                         std::to_string(left) + " and " + std::to_string(right) + " (a ring)");
   auto msg = parse_size(o.message);
@@ -270,6 +312,10 @@ int run_rank(const Options& o) {
     return config_error("--message-bytes must be a whole number of 4 KiB frames");
   cfg.message_bytes = *msg;
   cfg.window = std::max(1, o.window);
+  if (o.memory == "auto") cfg.memory = ring::Memory::automatic;
+  else if (o.memory == "registered") cfg.memory = ring::Memory::registered;
+  else if (o.memory == "staged") cfg.memory = ring::Memory::staged;
+  else return config_error("--memory must be auto, registered or staged");
   cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
   cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
   cfg.log = [&, rank](const std::string& s) {
@@ -415,6 +461,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
   app.add_option("--message-bytes", o.message, "largest message (whole 4 KiB frames)")->capture_default_str();
   app.add_option("--window", o.window, "messages in flight per direction")->capture_default_str();
+  app.add_option("--memory", o.memory,
+                 "auto, registered (user buffers as regions of at most max_mr_size) or staged (copies through "
+                 "registered scratch slots); auto registers while the regions fit the devices' budget")
+      ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
   app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
   app.add_flag("--csv", o.csv, "also print a csv line per run (rank 0)");
@@ -422,6 +472,11 @@ int main(int argc, char** argv) {
   app.add_option("--fabric", o.fabric, "--local: use this existing fabric file (its state is kept between runs)");
   app.add_option("--write-fabric", o.write_fabric, "--local: write the ring fabric for N hosts to this file and exit");
   app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
+  app.add_option("--quirk", o.quirks,
+                 "--local: play a contested reading of Apple's driver, NAME=VALUE (repeatable; see docs/emulator.md), "
+                 "e.g. empty_rq=drop, macos=26.2, mr_access=remote_required, completion_channels=on");
+  app.add_option("--cables", o.cables, "--local: cables between neighbours (each one carries traffic)")
+      ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)");
   app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)");
   app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank or --stop-rank")
@@ -429,8 +484,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (o.local > 0) {
+    if (o.cables < 1 || o.cables > 16) {
+      std::fprintf(stderr, "--cables must be 1..16\n");
+      return 2;
+    }
     if (!o.write_fabric.empty()) {
-      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local).dump(2) << "\n";
+      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks).dump(2) << "\n";
       std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
       return 0;
     }
@@ -450,17 +509,21 @@ int main(int argc, char** argv) {
     lo.stop = o.stop_rank >= 0;
     lo.kill_after = std::chrono::milliseconds(o.kill_after_ms);
     lo.keep = o.keep;
+    lo.cables = o.cables;
+    lo.quirks = o.quirks;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto takes_value = [&](const char* name) { return a == name; };
       if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") || takes_value("--stop-rank") ||
-          takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric")) {
+          takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric") ||
+          takes_value("--quirk") || takes_value("--cables")) {
         ++i;
         continue;
       }
       if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
-          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0)
+          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
+          a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0)
         continue;
       lo.args.push_back(a);
     }

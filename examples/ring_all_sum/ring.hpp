@@ -1,16 +1,18 @@
 // A ring all_sum on tbverbs: the collective backend this example is about.
 //
-// Every rank has two links: to its right neighbour (rank + 1) and to its left one (rank - 1),
-// usually on two Thunderbolt ports. The buffer is cut into `size` chunks; each chunk is cut in two
-// halves that travel the ring in opposite directions, so both directions of every cable are busy
-// at once. Each half is cut again into pieces ("messages") of at most `message_bytes`, and up to
-// `window` messages per direction are in flight, with receives posted ahead as credits.
+// Every rank has links to its right neighbour (rank + 1) and to its left one (rank - 1), one per
+// cable (usually Thunderbolt ports; a device file may list several cables per neighbour). The
+// buffer is cut into `size` chunks; each chunk is cut in two halves that travel the ring in
+// opposite directions, so both directions of every cable are busy at once. Each half is cut again
+// into pieces ("messages") of at most `message_bytes`, and up to `window` messages per direction
+// are in flight, with receives posted ahead as credits. Message j of a direction travels on cable
+// j mod k of its hop (k cables): every listed cable carries traffic, in both directions.
 //
 // Reduce-scatter (size - 1 steps) then all-gather (size - 1 steps). In direction R (rightwards)
 // rank r sends chunk (r - s) and receives chunk (r - s - 1) at reduce-scatter step s; direction L
 // mirrors it. A piece received during reduce-scatter lands in a scratch slot and is added into the
 // output at once (overlapping the next pieces' transfer); during all-gather pieces land straight in
-// the output.
+// the output (registered memory) or in a scratch slot and are copied out (staged memory).
 //
 // Credits without extra messages: on every cable both directions carry the same sequence of
 // messages (the same step and piece numbers), so message j from the peer proves that the peer had
@@ -18,12 +20,21 @@
 // message j only after receiving the peer's message j - window, and posts its receives for the
 // peer's messages up to j + window before sending its message j. Dependencies always point to
 // smaller message numbers, so the schedule cannot deadlock, and no send ever meets an empty receive
-// queue (which kills the direction on Apple's driver).
+// queue (which kills the direction on Apple's driver under one reading, and is held by credit-based
+// flow control under another: the ring is correct under both).
+//
+// Memory within Apple's limits (max_mr_size 16,384,000 bytes, about 100 regions per device):
+// registered mode registers the user buffers as MemoryRegionSets (regions of at most max_mr_size
+// overlapping by one message, so no message spans two); staged mode registers only bounded
+// scratch slots and copies through them. `automatic` takes registered while the regions fit the
+// device's budget, staged beyond; the regions a job needs are counted before anything is made.
 #pragma once
 
 #include <tbverbs/link.hpp>
 #include <tbverbs/side_channel.hpp>
 #include <tbverbs/tbverbs.hpp>
+
+#include "dtype.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -44,136 +55,37 @@ using tbverbs::Result;
 using tbverbs::Step;
 using tbverbs::fail;
 
-/// Element types the ring can sum. float16 and bfloat16 are stored as 16-bit patterns and added
-/// in float32, rounded to nearest even (as MLX does on the CPU).
-enum class DType { f32, f64, i32, i64, f16, bf16 };
-
-inline std::size_t dtype_size(DType t) {
-  switch (t) {
-  case DType::f32:
-  case DType::i32: return 4;
-  case DType::f64:
-  case DType::i64: return 8;
-  case DType::f16:
-  case DType::bf16: return 2;
-  }
-  return 1;
-}
-inline const char* dtype_name(DType t) {
-  switch (t) {
-  case DType::f32: return "float32";
-  case DType::f64: return "float64";
-  case DType::i32: return "int32";
-  case DType::i64: return "int64";
-  case DType::f16: return "float16";
-  case DType::bf16: return "bfloat16";
-  }
-  return "?";
-}
-
-/// IEEE binary16 and bfloat16 to and from float (round to nearest even), without compiler
-/// extensions, so the example builds with any C++20 compiler.
-inline float bf16_to_float(std::uint16_t h) {
-  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline std::uint16_t float_to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-inline float f16_to_float(std::uint16_t h) {
-  const std::uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man x 2^-24, exact in float
-    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
-    return sign ? -v : v;
-  }
-  const std::uint32_t u = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112u) << 23) | (man << 13));
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline std::uint16_t float_to_f16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const std::uint32_t sign = (u >> 16) & 0x8000u, man = u & 0x7fffffu;
-  const int e32 = static_cast<int>((u >> 23) & 0xffu);
-  if (e32 == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0u));
-  const int exp = e32 - 127 + 15;
-  if (exp >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: infinity
-  if (exp <= 0) {                                                  // subnormal or zero
-    if (exp < -10) return static_cast<std::uint16_t>(sign);
-    const std::uint32_t m = man | 0x800000u;
-    const int shift = 14 - exp;
-    std::uint32_t h = m >> shift;
-    const std::uint32_t rem = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (h & 1u))) ++h;
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | (man >> 13);
-  const std::uint32_t rem = man & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent: correct
-  return static_cast<std::uint16_t>(h);
-}
-
-/// dst[i] = a[i] + b[i] for `n` elements of `t` (dst may be a).
-inline void add(DType t, void* dst, const void* a, const void* b, std::size_t n) {
-  auto run = [&](auto* d, const auto* x, const auto* y) {
-    for (std::size_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
-  };
-  switch (t) {
-  case DType::f32: run(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b)); break;
-  case DType::f64: run(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b)); break;
-  // Integers wrap (two's complement, as the hardware adds), never signed-overflow UB.
-  case DType::i32:
-    run(static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a), static_cast<const std::uint32_t*>(b));
-    break;
-  case DType::i64:
-    run(static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a), static_cast<const std::uint64_t*>(b));
-    break;
-  case DType::f16:
-  case DType::bf16: {
-    auto* d = static_cast<std::uint16_t*>(dst);
-    const auto* x = static_cast<const std::uint16_t*>(a);
-    const auto* y = static_cast<const std::uint16_t*>(b);
-    if (t == DType::f16)
-      for (std::size_t i = 0; i < n; ++i) d[i] = float_to_f16(f16_to_float(x[i]) + f16_to_float(y[i]));
-    else
-      for (std::size_t i = 0; i < n; ++i) d[i] = float_to_bf16(bf16_to_float(x[i]) + bf16_to_float(y[i]));
-    break;
-  }
-  }
-}
+/// How the ring's buffers are registered (see the top of this file).
+enum class Memory { automatic, registered, staged };
 
 /// How the ring is set up.
 struct Config {
   int rank = 0;
   int size = 1;
-  std::string left_device;   // device of the link to rank - 1
-  std::string right_device;  // device of the link to rank + 1
+  std::vector<std::string> left_devices;   // one device per cable to rank - 1, in the cables' agreed order
+  std::vector<std::string> right_devices;  // one device per cable to rank + 1
   std::size_t message_bytes = 256 * 1024;  // largest message (a whole number of 4 KiB frames)
   int window = 8;                          // messages in flight per direction
+  Memory memory = Memory::automatic;
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds gid_wait{1000};  // how long to wait for an IPv4-mapped GID to appear
   std::function<void(const std::string&)> log;  // progress lines
 };
 
-/// One device as the ring uses it.
+/// One device as the ring uses it, with its registrations of the ring's buffers.
 struct Port {
   std::string name;
   std::optional<tbverbs::Context> context;
   std::optional<tbverbs::ProtectionDomain> pd;
   std::optional<tbverbs::GidSelection> gid;
+  tbverbs::DeviceAttributes device;
+  int links = 0;  // links on this device
+  std::optional<tbverbs::MemoryRegionSet> in, out, scratch;
 };
 
-/// A registered buffer: one page-aligned allocation, one memory region per device.
+/// A page-aligned buffer of the ring.
 struct Buffer {
   std::optional<tbverbs::AlignedBuffer> memory;
-  std::optional<tbverbs::MemoryRegion> mr[2];  // [0] on the left device, [1] on the right one
   std::byte* data() const { return memory->data(); }
   std::size_t size() const { return memory->size(); }
 };
@@ -181,13 +93,15 @@ struct Buffer {
 /// The ring: devices, links, buffers, and the all_sum.
 class Ring {
 public:
-  /// Opens the devices, selects GIDs, connects and verifies both links, registers the buffers.
+  /// Opens the devices, selects GIDs, registers the buffers (for sums of up to `max_bytes`),
+  /// then connects and verifies every link.
   static Result<std::unique_ptr<Ring>> create(const tbverbs::Library& lib, tbverbs::SideChannel& sc,
                                               const Config& cfg, std::size_t max_bytes) {
     auto r = std::unique_ptr<Ring>(new Ring(sc, cfg));
     if (auto s = r->open_ports(lib); !s) return fail(s.error());
-    if (auto s = r->connect(); !s) return fail(s.error());
+    if (auto s = r->check_cables(); !s) return fail(s.error());
     if (auto s = r->allocate(max_bytes); !s) return fail(s.error());
+    if (auto s = r->connect(); !s) return fail(s.error());
     return r;
   }
 
@@ -195,7 +109,9 @@ public:
   Buffer& input() { return in_; }
   Buffer& output() { return out_; }
   const Config& config() const { return cfg_; }
-  /// "Receives posted" with the two neighbours only (tbverbs::receives_posted on both links): what
+  /// True when the buffers are staged (copied through registered scratch slots).
+  bool staged() const { return staged_; }
+  /// "Receives posted" with the two neighbours only (tbverbs::receives_posted on every link): what
   /// all_sum's `before_start` needs between back-to-back all_sums, since a rank only ever sends to
   /// its neighbours. A global barrier works too, but costs two hops through rank 0.
   Result<void> neighbours_posted() {
@@ -215,16 +131,30 @@ private:
   Ring(tbverbs::SideChannel& sc, Config cfg) : sc_(sc), mailbox_(sc), cfg_(std::move(cfg)) {}
 
   Result<void> open_ports(const tbverbs::Library& lib);
-  Result<void> connect();
+  Result<void> check_cables();
   Result<void> allocate(std::size_t max_bytes);
+  Result<void> connect();
+
+  // Where link i of the flat list sits: its side (0 left, 1 right), its cable index on that side,
+  // and its device.
+  struct LinkRef {
+    int side = 0;
+    std::size_t cable = 0;
+    Port* port = nullptr;
+  };
 
   tbverbs::SideChannel& sc_;
   tbverbs::LinkMailbox mailbox_;
   Config cfg_;
   std::vector<std::unique_ptr<Port>> ports_;  // one per distinct device
-  Port* side_[2] = {nullptr, nullptr};        // [0] left, [1] right
-  std::vector<tbverbs::Link> links_;          // [0] left, [1] right
+  std::vector<Port*> cables_[2];              // per side, the device of each cable
+  std::vector<tbverbs::Link> links_;          // every link: the left cables', then the right ones'
+  std::vector<LinkRef> refs_;                 // parallel to links_
+  std::size_t first_[2] = {0, 0};             // index in links_ of each side's first link
   Buffer in_, out_, scratch_;
+  bool staged_ = false;
+  std::size_t slot_bytes_ = 0;  // bytes of one scratch slot (the largest message at set-up)
+  std::size_t slots_ = 0;       // scratch slots per direction (2 x window)
   std::uint32_t epoch_ = 0;
   std::string where_;
 };
@@ -234,57 +164,90 @@ inline void say(const Config& c, const std::string& s) {
 }
 
 inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
-  const std::string names[2] = {cfg_.left_device, cfg_.right_device};
   const char* side_name[2] = {"left", "right"};
   for (int s = 0; s < 2; ++s) {
-    for (auto& p : ports_)
-      if (p->name == names[s]) side_[s] = p.get();
-    if (side_[s] != nullptr) continue;
-    auto p = std::make_unique<Port>();
-    p->name = names[s];
-    where_ = "opening device " + names[s];
-    auto ctx = tbverbs::Context::open(lib, names[s]);
-    if (!ctx) return fail(ctx.error());
-    p->context.emplace(std::move(*ctx));
-    where_ = "checking port 1 of " + names[s];
-    if (auto port = p->context->require_active_port(1); !port) return fail(port.error());
-    // The IPv4-mapped GID appears only once the interface has an address, and may arrive late
-    // (APIPA): re-read the table until it is there or the bound passes.
-    where_ = "selecting the GID of " + names[s];
-    const auto until = std::chrono::steady_clock::now() + cfg_.gid_wait;
-    for (;;) {
-      auto table = p->context->gid_table(1);
-      if (!table) return fail(table.error());
-      auto sel = table->select();
-      if (sel) {
-        p->gid.emplace(*sel);
-        break;
+    const auto& names = s == 0 ? cfg_.left_devices : cfg_.right_devices;
+    for (const std::string& name : names) {
+      Port* found = nullptr;
+      for (auto& p : ports_)
+        if (p->name == name) found = p.get();
+      if (found == nullptr) {
+        auto p = std::make_unique<Port>();
+        p->name = name;
+        where_ = "opening device " + name;
+        auto ctx = tbverbs::Context::open(lib, name);
+        if (!ctx) return fail(ctx.error());
+        p->context.emplace(std::move(*ctx));
+        where_ = "checking port 1 of " + name;
+        if (auto port = p->context->require_active_port(1); !port) return fail(port.error());
+        auto dev = p->context->query_device();
+        if (!dev) return fail(dev.error());
+        p->device = *dev;
+        // The IPv4-mapped GID appears only once the interface has an address, and may arrive late
+        // (APIPA): re-read the table until it is there or the bound passes.
+        where_ = "selecting the GID of " + name;
+        const auto until = std::chrono::steady_clock::now() + cfg_.gid_wait;
+        for (;;) {
+          auto table = p->context->gid_table(1);
+          if (!table) return fail(table.error());
+          auto sel = table->select();
+          if (sel) {
+            p->gid.emplace(*sel);
+            break;
+          }
+          if (!sel.error().is(ErrorKind::no_ipv4_gid) || std::chrono::steady_clock::now() >= until)
+            return fail(sel.error());
+          ::usleep(50 * 1000);
+        }
+        where_ = "allocating the protection domain of " + name;
+        auto pd = p->context->alloc_pd();
+        if (!pd) return fail(pd.error());
+        p->pd.emplace(std::move(*pd));
+        found = p.get();
+        ports_.push_back(std::move(p));
       }
-      if (!sel.error().is(ErrorKind::no_ipv4_gid) || std::chrono::steady_clock::now() >= until)
-        return fail(sel.error());
-      ::usleep(50 * 1000);
+      ++found->links;
+      cables_[s].push_back(found);
     }
-    where_ = "allocating the protection domain of " + names[s];
-    auto pd = p->context->alloc_pd();
-    if (!pd) return fail(pd.error());
-    p->pd.emplace(std::move(*pd));
-    side_[s] = p.get();
-    ports_.push_back(std::move(p));
   }
   for (int s = 0; s < 2; ++s) {
-    const auto& g = *side_[s]->gid;
     const int peer = s == 0 ? (cfg_.rank + cfg_.size - 1) % cfg_.size : (cfg_.rank + 1) % cfg_.size;
-    say(cfg_, std::string(side_name[s]) + " link to rank " + std::to_string(peer) + ": " + side_[s]->name +
-                  " port " + std::to_string(g.port()) + " GID[" + std::to_string(g.index()) + "] " +
-                  g.gid().to_string() + " (" + std::string(g.reason()) + ")");
+    for (std::size_t c = 0; c < cables_[s].size(); ++c) {
+      const auto& g = *cables_[s][c]->gid;
+      say(cfg_, std::string(side_name[s]) + " cable " + std::to_string(c) + " to rank " + std::to_string(peer) + ": " +
+                    cables_[s][c]->name + " port " + std::to_string(g.port()) + " GID[" + std::to_string(g.index()) +
+                    "] " + g.gid().to_string() + " (" + std::string(g.reason()) + ")");
+    }
   }
   return {};
 }
 
-inline Result<void> Ring::connect() {
-  const int n = cfg_.size, r = cfg_.rank;
-  const int left = (r + n - 1) % n, right = (r + 1) % n;
-  const std::uint32_t frames = tbverbs::frames_of(cfg_.message_bytes);
+// Both ends of a hop must list the same number of cables (entry k on both is one cable): checked
+// once over the side channel, so a mismatched device file is named instead of timing out.
+inline Result<void> Ring::check_cables() {
+  where_ = "checking the device file's cables against the neighbours'";
+  std::byte mine[8];
+  tbverbs::detail::put_be<std::uint32_t>(mine, static_cast<std::uint32_t>(cables_[0].size()));
+  tbverbs::detail::put_be<std::uint32_t>(mine + 4, static_cast<std::uint32_t>(cables_[1].size()));
+  auto all = sc_.all_gather(mine);
+  if (!all) return fail(all.error());
+  const int n = cfg_.size, r = cfg_.rank, right = (r + 1) % n;
+  const auto& theirs = (*all)[static_cast<std::size_t>(right)];
+  if (theirs.size() != 8) return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed cable count"));
+  const auto their_left = tbverbs::detail::get_be<std::uint32_t>(theirs.data());
+  if (their_left != cables_[1].size())
+    return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
+                            "the device file lists " + std::to_string(cables_[1].size()) + " cable(s) from rank " +
+                                std::to_string(r) + " to rank " + std::to_string(right) + " but rank " +
+                                std::to_string(right) + " lists " + std::to_string(their_left) +
+                                " toward rank " + std::to_string(r) +
+                                " (entry k on both ranks must be the same cable)"));
+  return {};
+}
+
+inline Result<void> Ring::allocate(std::size_t max_bytes) {
+  where_ = "registering buffers";
+  const std::size_t frames = tbverbs::frames_of(cfg_.message_bytes);
   // Depths in 4 KiB frames: 2 x window messages may be posted ahead per direction, and the
   // driver takes at most 4095 frames per queue, so large messages mean a smaller window.
   const int fit = static_cast<int>((tbverbs::max_depth_frames - frames) / (2 * frames));
@@ -297,54 +260,148 @@ inline Result<void> Ring::connect() {
                   " messages: " + std::to_string(frames) + " frames each, 4095 frames per queue");
     cfg_.window = fit;
   }
-  const std::uint32_t depth = std::min<std::uint32_t>(tbverbs::max_depth_frames, frames * 2 * cfg_.window + frames);
-  tbverbs::LinkSpec specs[2];
+  slot_bytes_ = cfg_.message_bytes;
+  slots_ = 2 * static_cast<std::size_t>(cfg_.window);
+
+  auto alloc = [](Buffer& b, std::size_t bytes) -> Result<void> {
+    auto m = tbverbs::AlignedBuffer::allocate(bytes);
+    if (!m) return fail(m.error());
+    b.memory.emplace(std::move(*m));
+    return {};
+  };
+  if (auto s = alloc(in_, max_bytes); !s) return s;
+  if (auto s = alloc(out_, max_bytes); !s) return s;
+  // Scratch: per direction, `slots_` receive slots (and in staged mode as many send slots) of one
+  // message each, plus one page at the end for the placeholder of empty messages.
+  auto scratch_bytes = [&](bool staged) { return (staged ? 4 : 2) * slots_ * slot_bytes_ + 4096; };
+
+  // The regions each mode needs on each device, counted before anything is registered, against
+  // the device's max_mr less what is registered already and one region per link's warm-up.
+  auto regions = [&](const Port& p, bool staged) -> Result<std::size_t> {
+    std::size_t total = 0;
+    const std::size_t sizes[3] = {staged ? 0 : in_.size(), staged ? 0 : out_.size(), scratch_bytes(staged)};
+    for (std::size_t b : sizes) {
+      if (b == 0) continue;
+      auto plan = tbverbs::RegionPlan::make(b, p.device.max_mr_size, slot_bytes_);
+      if (!plan) return fail(plan.error());
+      total += plan->count;
+    }
+    return total;
+  };
+  auto budget = [&](const Port& p) -> std::size_t {
+    if (p.device.max_mr <= 0) return SIZE_MAX;
+    const long room = static_cast<long>(p.device.max_mr) - p.context->info()->memory_regions.load() - p.links;
+    return room > 0 ? static_cast<std::size_t>(room) : 0;
+  };
+  bool fits_registered = true;
+  std::string tally;
+  for (auto& p : ports_) {
+    auto need = regions(*p, false);
+    if (!need) return fail(need.error());
+    if (*need > budget(*p)) fits_registered = false;
+    tally += (tally.empty() ? "" : ", ") + p->name + ": " + std::to_string(*need) + " of " + std::to_string(budget(*p));
+  }
+  if (cfg_.memory == Memory::registered && !fits_registered)
+    return fail(Error::make(Step::reg_mr, ErrorKind::capacity,
+                            "registering the buffers needs more memory regions than the devices allow (" + tally +
+                                "); use staged memory (--memory staged or auto)"));
+  staged_ = cfg_.memory == Memory::staged || (cfg_.memory == Memory::automatic && !fits_registered);
+  if (auto s = alloc(scratch_, scratch_bytes(staged_)); !s) return s;
+  for (auto& p : ports_) {
+    auto need = regions(*p, staged_);
+    if (!need) return fail(need.error());
+    if (*need > budget(*p))
+      return fail(Error::make(Step::reg_mr, ErrorKind::capacity,
+                              p->name + ": the scratch slots alone need " + std::to_string(*need) +
+                                  " memory regions, more than the " + std::to_string(budget(*p)) +
+                                  " the device has room for; use smaller messages or a smaller window"));
+    auto reg = [&](std::optional<tbverbs::MemoryRegionSet>& into, Buffer& b) -> Result<void> {
+      auto set = tbverbs::MemoryRegionSet::reg(*p->pd, b.memory->bytes(), p->device.max_mr_size, slot_bytes_);
+      if (!set) return fail(set.error());
+      into.emplace(std::move(*set));
+      return {};
+    };
+    if (!staged_) {
+      if (auto s = reg(p->in, in_); !s) return s;
+      if (auto s = reg(p->out, out_); !s) return s;
+    }
+    if (auto s = reg(p->scratch, scratch_); !s) return s;
+    say(cfg_, p->name + ": " + std::to_string(*need) + " memory region(s) (" +
+                  (staged_ ? "staged through scratch slots" : "user buffers registered") + ")");
+  }
+  return {};
+}
+
+inline Result<void> Ring::connect() {
+  const int n = cfg_.size, r = cfg_.rank;
+  const int left = (r + n - 1) % n, right = (r + 1) % n;
+  const std::uint32_t frames = tbverbs::frames_of(cfg_.message_bytes);
+  const std::uint32_t depth =
+      std::min<std::uint32_t>(tbverbs::max_depth_frames, frames * 2 * static_cast<std::uint32_t>(cfg_.window) + frames);
+  std::vector<tbverbs::LinkSpec> specs;
   for (int s = 0; s < 2; ++s) {
-    Port& p = *side_[s];
-    specs[s].peer = s == 0 ? left : right;
-    specs[s].id = static_cast<std::uint32_t>(s == 0 ? left : r);  // the cable's index: its left end's rank
-    specs[s].context = &*p.context;
-    specs[s].pd = &*p.pd;
-    specs[s].recipe.emplace(tbverbs::QpRecipe::for_platform(p.context->platform(), *p.gid));
-    specs[s].recipe->capacities({depth, depth, 1, 1, 0});
+    first_[s] = specs.size();
+    for (std::size_t c = 0; c < cables_[s].size(); ++c) {
+      Port& p = *cables_[s][c];
+      tbverbs::LinkSpec spec;
+      spec.peer = s == 0 ? left : right;
+      // The cable's identity, the same on both ends: the rank at the hop's left end, and the
+      // cable's position in both ranks' lists.
+      spec.id = static_cast<std::uint32_t>(s == 0 ? left : r) * 64u + static_cast<std::uint32_t>(c);
+      spec.context = &*p.context;
+      spec.pd = &*p.pd;
+      spec.recipe.emplace(tbverbs::QpRecipe::for_platform(p.context->platform(), *p.gid));
+      spec.recipe->capacities({depth, depth, 1, 1, 0});
+      specs.push_back(std::move(spec));
+      refs_.push_back({s, c, &p});
+    }
   }
   tbverbs::LinkOptions opt;
   opt.warmup_bytes = cfg_.message_bytes;
   opt.timeout = cfg_.timeout;
   opt.on_retry = [&](std::uint32_t id, int attempt, const std::string& why) {
-    say(cfg_, "link " + std::to_string(id) + ": warm-up attempt " + std::to_string(attempt) + " failed (" + why +
+    say(cfg_, "link " + std::to_string(id) + ": warm-up round " + std::to_string(attempt) + " failed (" + why +
                   "); recreating the QP and CQ with a new PSN");
   };
   where_ = "connecting the links (endpoint exchange, warm-up)";
   auto links = tbverbs::connect_links(mailbox_, specs, opt);
   if (!links) return fail(links.error());
   links_ = std::move(*links);
-  for (int s = 0; s < 2; ++s)
-    say(cfg_, std::string(s == 0 ? "left" : "right") + " link " + std::to_string(links_[s].id()) + " to rank " +
-                  std::to_string(links_[s].peer()) + " verified (warm-up of " + std::to_string(cfg_.message_bytes) +
-                  " bytes both ways, attempt " + std::to_string(links_[s].attempts()) + ")");
-  return {};
-}
-
-inline Result<void> Ring::allocate(std::size_t max_bytes) {
-  where_ = "registering buffers";
-  auto reg = [&](Buffer& b, std::size_t bytes) -> Result<void> {
-    auto m = tbverbs::AlignedBuffer::allocate(bytes);
-    if (!m) return fail(m.error());
-    b.memory.emplace(std::move(*m));
-    for (int s = 0; s < 2; ++s) {
-      if (s == 1 && side_[1] == side_[0]) break;  // one device: one region serves both links
-      auto mr = side_[s]->pd->reg_mr(*b.memory);
-      if (!mr) return fail(mr.error());
-      b.mr[s].emplace(std::move(*mr));
-    }
-    return {};
-  };
-  if (auto s = reg(in_, max_bytes); !s) return s;
-  if (auto s = reg(out_, max_bytes); !s) return s;
-  // Scratch: per direction 2 x window slots of one message each, plus one page at the end for the
-  // placeholder of empty messages.
-  if (auto s = reg(scratch_, 2 * 2 * static_cast<std::size_t>(cfg_.window) * cfg_.message_bytes + 4096); !s) return s;
+  // Every link carries messages of the smallest size any link confirmed: both ends of a hop
+  // confirmed the same, and the two hops of a rank are joined by the messages' numbering.
+  std::size_t confirmed = cfg_.message_bytes;
+  std::uint32_t granted = tbverbs::max_depth_frames;
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    const tbverbs::Link& l = links_[i];
+    say(cfg_, std::string(refs_[i].side == 0 ? "left" : "right") + " link " + std::to_string(l.id()) + " to rank " +
+                  std::to_string(l.peer()) + " verified (messages of up to " + std::to_string(l.max_message_bytes()) +
+                  " bytes both ways, round " + std::to_string(l.attempts()) + ")");
+    confirmed = std::min(confirmed, l.max_message_bytes());
+    const auto& caps = links_[i].qp().capacities();
+    granted = std::min({granted, caps.max_send_wr, caps.max_recv_wr});
+  }
+  // The neighbours must agree on the message size: take the smallest over the whole ring.
+  std::byte mine[8];
+  tbverbs::detail::put_be<std::uint64_t>(mine, confirmed);
+  auto all = sc_.all_gather(mine);
+  if (!all) return fail(all.error());
+  for (const auto& v : *all)
+    if (v.size() == 8) confirmed = std::min<std::size_t>(confirmed, tbverbs::detail::get_be<std::uint64_t>(v.data()));
+  confirmed = std::max(tbverbs::frame_bytes, confirmed / tbverbs::frame_bytes * tbverbs::frame_bytes);
+  if (confirmed < cfg_.message_bytes) {
+    // Smaller messages: cut the scratch into more slots (same bytes) and widen the window to
+    // what the granted depth and the slots allow.
+    const std::uint32_t f = tbverbs::frames_of(confirmed);
+    const std::size_t by_depth = granted > f ? (granted - f) / (2 * f) : 1;
+    const std::size_t by_slots = slots_ * slot_bytes_ / confirmed / 2;
+    const std::size_t w = std::max<std::size_t>(1, std::min(by_depth, by_slots));
+    say(cfg_, "messages of " + std::to_string(confirmed) + " bytes (asked " + std::to_string(cfg_.message_bytes) +
+                  "), window " + std::to_string(w));
+    cfg_.message_bytes = confirmed;
+    cfg_.window = static_cast<int>(w);
+    slots_ = 2 * w;
+    slot_bytes_ = confirmed;
+  }
   return {};
 }
 
@@ -354,7 +411,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   const int n = cfg_.size, r = cfg_.rank;
   const std::size_t es = dtype_size(t);
   const std::size_t W = static_cast<std::size_t>(cfg_.window);
-  const std::size_t S = 2 * W;  // scratch slots per direction
+  const std::size_t S = slots_;  // scratch slots per direction
   const std::size_t pe = std::max<std::size_t>(1, cfg_.message_bytes / es);  // elements per message
   auto chunk_begin = [&](int c) { return count * static_cast<std::size_t>(c) / static_cast<std::size_t>(n); };
   const std::size_t max_chunk = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
@@ -362,11 +419,13 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   const std::size_t m = std::max<std::size_t>(1, (max_half + pe - 1) / pe);  // messages per half-chunk
   const std::size_t steps = 2 * static_cast<std::size_t>(n - 1);
   const std::size_t T = steps * m;  // messages per direction
+  if (count * es > in_.size())
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::to_string(count * es) + " bytes exceed the ring's buffers of " +
+                                std::to_string(in_.size())));
 
   std::byte* const src = in_.data();                           // this rank's contribution
   std::byte* const dst = in_place ? in_.data() : out_.data();  // the result
-  Buffer& dbuf = in_place ? in_ : out_;
-  const std::size_t slot_bytes = cfg_.message_bytes;
 
   // Element range [b, e) of message j in direction d (0 = R, 1 = L), as sent (send) or received.
   auto mod = [n](long long x) { return static_cast<int>(((x % n) + n) % n); };
@@ -390,11 +449,25 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     return Range{b, e};
   };
 
-  // Per direction d: links_[1 - d] sends it (R goes right), links_[d] receives it.
-  // Note the MR index: mr[s] is the region on side s's device.
-  auto mr_on = [&](Buffer& b, int side) -> tbverbs::MemoryRegion& { return b.mr[side] ? *b.mr[side] : *b.mr[0]; };
-  std::size_t posted[2] = {0, 0}, received[2] = {0, 0}, sent[2] = {0, 0}, send_done[2] = {0, 0};
-  const std::size_t max_in_flight = S;
+  // Direction d is received on side d's cables (R arrives from the left) and sent on side 1 - d's;
+  // message j uses cable j mod k of that side. Per cable, messages complete in order, so each
+  // direction keeps, per cable, the next message it expects; the lowest over the cables is the
+  // prefix of messages all received (or, for sends, all completed).
+  const std::size_t k[2] = {cables_[0].size(), cables_[1].size()};
+  auto link_of = [&](int side, std::size_t j) -> std::size_t { return first_[side] + j % k[side]; };
+  constexpr std::size_t max_cables = 64;
+  std::size_t posted[2] = {0, 0}, sent[2] = {0, 0};
+  std::size_t recv_next[2][max_cables], send_next[2][max_cables];
+  for (int d = 0; d < 2; ++d) {
+    for (std::size_t c = 0; c < k[d]; ++c) recv_next[d][c] = c;
+    for (std::size_t c = 0; c < k[1 - d]; ++c) send_next[d][c] = c;
+  }
+  auto prefix = [&](const std::size_t (&next)[max_cables], std::size_t cables) {
+    std::size_t p = T;
+    for (std::size_t c = 0; c < cables; ++c) p = std::min(p, next[c]);
+    return p;
+  };
+  std::size_t received[2] = {0, 0}, send_done[2] = {0, 0};  // the prefixes
 
   auto is_rs = [&](std::size_t j) { return j / m < static_cast<std::size_t>(n - 1); };
   // An empty piece (fewer elements than ranks, or uneven halves) still travels, so that both
@@ -402,42 +475,54 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   // scratch buffer's last page: whether Apple's driver accepts zero-length work requests is
   // not documented. Both sides know the piece is empty, so the frame counts still match.
   constexpr std::size_t placeholder = 4;
-  const std::size_t placeholder_off = 2 * S * slot_bytes;
+  const std::size_t placeholder_off = (staged_ ? 4 : 2) * S * slot_bytes_;
+  // Scratch slots: receive slot j mod S of direction d, and (staged) send slot j mod S.
+  auto recv_slot = [&](int d, std::size_t j) { return (static_cast<std::size_t>(d) * S + j % S) * slot_bytes_; };
+  auto send_slot = [&](int d, std::size_t j) { return ((2 + static_cast<std::size_t>(d)) * S + j % S) * slot_bytes_; };
+  // Registered mode only: the region sets of the user buffers on a link's device.
+  auto user_set = [&](Port& p, bool input) -> tbverbs::MemoryRegionSet& {
+    return (input || in_place) ? *p.in : *p.out;
+  };
 
   auto post_recv = [&](int d) -> Result<void> {
-    const int side = d == 0 ? 0 : 1;  // R arrives from the left, L from the right
     const std::size_t j = posted[d];
+    const std::size_t li = link_of(d, j);
+    Port& p = *refs_[li].port;
     const Range rg = range(d, j, false);
     const std::size_t len = (rg.e - rg.b) * es;
     tbverbs::Result<tbverbs::abi::ibv_sge> sge = fail(Error());
-    if (len == 0) {
-      sge = mr_on(scratch_, side).sge(placeholder_off, placeholder);
-    } else if (is_rs(j)) {
-      const std::size_t off = (static_cast<std::size_t>(d) * S + j % S) * slot_bytes;
-      sge = mr_on(scratch_, side).sge(off, len);
-    } else {
-      sge = mr_on(dbuf, side).sge(rg.b * es, len);
-    }
+    if (len == 0) sge = p.scratch->sge(placeholder_off, placeholder);
+    else if (is_rs(j) || staged_) sge = p.scratch->sge(recv_slot(d, j), len);
+    else sge = user_set(p, false).sge(rg.b * es, len);
     if (!sge) return fail(sge.error());
-    if (auto p = links_[side].qp().recv(j, *sge); !p) return fail(p.error());
+    if (auto q = links_[li].qp().recv(j, *sge); !q) return fail(q.error());
     ++posted[d];
     return {};
   };
   auto post_send = [&](int d) -> Result<void> {
-    const int side = d == 0 ? 1 : 0;  // R goes to the right
     const std::size_t j = sent[d];
+    const std::size_t li = link_of(1 - d, j);
+    Port& p = *refs_[li].port;
     const Range rg = range(d, j, true);
     const std::size_t len = (rg.e - rg.b) * es;
     // Step 0 sends this rank's own input; later steps send what was reduced or gathered.
-    Buffer& from = (j < m && !in_place) ? in_ : dbuf;
-    auto sge = len == 0 ? mr_on(scratch_, side).sge(placeholder_off, placeholder) : mr_on(from, side).sge(rg.b * es, len);
+    const bool from_input = j < m && !in_place;
+    tbverbs::Result<tbverbs::abi::ibv_sge> sge = fail(Error());
+    if (len == 0) {
+      sge = p.scratch->sge(placeholder_off, placeholder);
+    } else if (staged_) {
+      std::memcpy(scratch_.data() + send_slot(d, j), (from_input ? src : dst) + rg.b * es, len);
+      sge = p.scratch->sge(send_slot(d, j), len);
+    } else {
+      sge = user_set(p, from_input).sge(rg.b * es, len);
+    }
     if (!sge) return fail(sge.error());
-    if (auto p = links_[side].qp().send((std::uint64_t{1} << 40) | j, *sge); !p) return fail(p.error());
+    if (auto q = links_[li].qp().send((std::uint64_t{1} << 40) | j, *sge); !q) return fail(q.error());
     ++sent[d];
     return {};
   };
-  auto on_recv = [&](int d, const tbverbs::WorkCompletion& wc) -> Result<void> {
-    const std::size_t j = received[d];
+  auto on_recv = [&](int d, std::size_t cable, const tbverbs::WorkCompletion& wc) -> Result<void> {
+    const std::size_t j = recv_next[d][cable];
     if (wc.wr_id() != j)
       return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
                               "receive completions out of order: got message " + std::to_string(wc.wr_id()) +
@@ -448,11 +533,12 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
       return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
                               "message " + std::to_string(j) + " carried " + std::to_string(wc.byte_len()) +
                                   " bytes, expected " + std::to_string(want)));
-    if (is_rs(j) && rg.e > rg.b) {
-      const std::size_t off = (static_cast<std::size_t>(d) * S + j % S) * slot_bytes;
-      add(t, dst + rg.b * es, src + rg.b * es, scratch_.data() + off, rg.e - rg.b);
+    if (rg.e > rg.b) {
+      if (is_rs(j)) add(t, dst + rg.b * es, src + rg.b * es, scratch_.data() + recv_slot(d, j), rg.e - rg.b);
+      else if (staged_) std::memcpy(dst + rg.b * es, scratch_.data() + recv_slot(d, j), (rg.e - rg.b) * es);
     }
-    ++received[d];
+    recv_next[d][cable] += k[d];
+    received[d] = prefix(recv_next[d], k[d]);
     return {};
   };
 
@@ -491,16 +577,24 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   auto last_progress = clock::now();
   auto last_check = last_progress;
   unsigned idle = 0;
-  tbverbs::Link* both[2] = {&links_[0], &links_[1]};
-  auto handle = [&](int side, std::size_t n) -> Result<void> {
-    for (std::size_t k = 0; k < n; ++k) {
-      if (wc[k].is_recv()) {
-        if (auto p = on_recv(side == 0 ? 0 : 1, wc[k]); !p) {
+  constexpr std::size_t max_wait = 16;  // links wait_any sleeps on at once
+  tbverbs::Link* sleepers[max_wait];
+  const std::size_t nsleep = std::min(links_.size(), max_wait);
+  for (std::size_t i = 0; i < nsleep; ++i) sleepers[i] = &links_[i];
+  auto handle = [&](std::size_t li, std::size_t got) -> Result<void> {
+    const int side = refs_[li].side;
+    const std::size_t cable = refs_[li].cable;
+    for (std::size_t q = 0; q < got; ++q) {
+      if (wc[q].is_recv()) {
+        // Receives on the left cables are direction R, on the right ones direction L.
+        if (auto p = on_recv(side, cable, wc[q]); !p) {
           where_ = "reducing a received message";
           return p;
         }
       } else {
-        ++send_done[side == 0 ? 1 : 0];  // sends on the left link are direction L
+        const int d = 1 - side;  // sends on the left cables are direction L
+        send_next[d][cable] += k[side];
+        send_done[d] = prefix(send_next[d], k[side]);
       }
     }
     return {};
@@ -508,27 +602,26 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   for (;;) {
     bool progress = false;
     if (idle > 16) {
-      // Nothing happened for a while: sleep on both CQs' channels (bounded), so an idle rank
-      // gives its core to the ranks that have work (the emulator runs them all on one host).
+      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
+      // its core to the ranks that have work (the emulator runs them all on one host).
       std::size_t which = 0;
-      auto got = tbverbs::wait_any(both, wc, which, clock::now() + std::chrono::milliseconds(10));
+      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
       if (!got) {
         where_ = "waiting for completions of " + describe_wait();
         return fail(got.error());
       }
       if (*got > 0) {
-        if (auto h = handle(static_cast<int>(which), *got); !h) return h;
+        if (auto h = handle(which, *got); !h) return h;
         progress = true;
       }
     }
-    for (int side = 0; side < 2; ++side) {
-      auto got = links_[side].cq().poll(wc);
+    for (std::size_t li = 0; li < links_.size(); ++li) {
+      auto got = links_[li].cq().poll(wc);
       if (!got) {
-        where_ = "polling the " + std::string(side == 0 ? "left" : "right") + " link's CQ while waiting for " +
-                 describe_wait();
+        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
         return fail(got.error());
       }
-      if (auto h = handle(side, *got); !h) return h;
+      if (auto h = handle(li, *got); !h) return h;
       if (*got > 0) progress = true;
     }
     for (int d = 0; d < 2; ++d) {
@@ -541,13 +634,14 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
         }
         progress = true;
       }
-      // Sends: data ready, credit from the peer, our receives for the peer ahead, queue room.
+      // Sends: data ready, credit from the peer, our receives for the peer ahead, queue room
+      // (and, staged, the send slot free again).
       while (sent[d] < T) {
         const std::size_t j = sent[d];
         if (j >= m && received[d] < j - m + 1) break;           // data of the previous step
         if (j >= W && received[o] < j - W + 1) break;           // credit: peer posted for j
         if (posted[o] < std::min(T, j + W + 1)) break;          // our receives ahead of our send
-        if (sent[d] - send_done[d] >= max_in_flight) break;     // send queue room
+        if (sent[d] - send_done[d] >= S) break;                 // send queue room, send slot free
         if (auto p = post_send(d); !p) {
           where_ = "posting sends";
           return p;
