@@ -437,6 +437,7 @@ int run_rank(const Options& o) {
         if (bad_total != 0 && exit_code == 0) exit_code = 3;
       }
   if (auto b = sc->barrier(); !b) return fail_rank(rank, "the final barrier", b.error(), &*sc);
+  for (const std::string& line : R.traffic()) cfg.log(line);
   return exit_code;
 }
 

@@ -118,6 +118,16 @@ public:
     ++epoch_;
     return tbverbs::receives_posted(mailbox_, links_, epoch_, std::chrono::steady_clock::now() + cfg_.timeout);
   }
+  /// One line per link: its side, cable, device and how many messages it carried each way since
+  /// set-up (every listed cable must carry traffic).
+  std::vector<std::string> traffic() const {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < links_.size(); ++i)
+      out.push_back(std::string(refs_[i].side == 0 ? "left" : "right") + " cable " + std::to_string(refs_[i].cable) +
+                    " (" + refs_[i].port->name + ", link " + std::to_string(links_[i].id()) + "): " +
+                    std::to_string(sent_[i]) + " messages sent, " + std::to_string(received_[i]) + " received");
+    return out;
+  }
   /// The phase the last failure happened in ("reduce-scatter step 2 ...").
   const std::string& where() const { return where_; }
 
@@ -150,6 +160,7 @@ private:
   std::vector<Port*> cables_[2];              // per side, the device of each cable
   std::vector<tbverbs::Link> links_;          // every link: the left cables', then the right ones'
   std::vector<LinkRef> refs_;                 // parallel to links_
+  std::vector<std::uint64_t> sent_, received_; // messages per link, parallel to links_
   std::size_t first_[2] = {0, 0};             // index in links_ of each side's first link
   Buffer in_, out_, scratch_;
   bool staged_ = false;
@@ -367,6 +378,8 @@ inline Result<void> Ring::connect() {
   auto links = tbverbs::connect_links(mailbox_, specs, opt);
   if (!links) return fail(links.error());
   links_ = std::move(*links);
+  sent_.assign(links_.size(), 0);
+  received_.assign(links_.size(), 0);
   // Every link carries messages of the smallest size any link confirmed: both ends of a hop
   // confirmed the same, and the two hops of a rank are joined by the messages' numbering.
   std::size_t confirmed = cfg_.message_bytes;
@@ -519,6 +532,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     if (!sge) return fail(sge.error());
     if (auto q = links_[li].qp().send((std::uint64_t{1} << 40) | j, *sge); !q) return fail(q.error());
     ++sent[d];
+    ++sent_[li];
     return {};
   };
   auto on_recv = [&](int d, std::size_t cable, const tbverbs::WorkCompletion& wc) -> Result<void> {
@@ -591,6 +605,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
           where_ = "reducing a received message";
           return p;
         }
+        ++received_[li];
       } else {
         const int d = 1 - side;  // sends on the left cables are direction L
         send_next[d][cable] += k[side];
