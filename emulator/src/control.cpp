@@ -55,6 +55,11 @@ int host_index(Fabric& f, const char* host, int* out) {
   return *out < 0 ? fail(ENOENT, std::string("unknown host \"") + host + "\"") : 0;
 }
 
+void free_leaked_pds(Shared* s) {
+  for (auto& p : s->pds)
+    if (p.in_use && p.pid < 0) p.in_use = 0;
+}
+
 ShmFault* free_fault(Shared* s) {
   for (auto& ft : s->faults)
     if (ft.kind == kFaultNone) return &ft;
@@ -82,6 +87,8 @@ EMU_EXPORT int tbemu_reset(const char* fabric) {
   std::memset(s->faults, 0, sizeof s->faults);
   s->nfaults = 0;
   for (auto& q : s->qps) q.drop_tx = 0;
+  for (uint32_t i = 0; i < kNumQuirks; ++i) __atomic_store_n(&s->quirks[i], f->quirks[i], __ATOMIC_RELAXED);
+  free_leaked_pds(s);  // a reboot
   collect_dead(s);
   // Channel FIFOs left behind by processes that died.
   if (DIR* d = opendir(f->state_dir.c_str())) {
@@ -235,7 +242,65 @@ EMU_EXPORT int tbemu_fault_clear(const char* fabric) {
   std::memset(f->shm->faults, 0, sizeof f->shm->faults);
   __atomic_store_n(&f->shm->nfaults, 0u, __ATOMIC_RELEASE);
   for (auto& q : f->shm->qps) __atomic_store_n(&q.drop_tx, 0u, __ATOMIC_RELEASE);
+  free_leaked_pds(f->shm);
   return 0;
+}
+
+EMU_EXPORT int tbemu_fault_leak_pds(const char* fabric, const char* host, const char* device, int n) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h = f->find_host(host ? host : "");
+  int d = f->find_device(h, device ? device : "");
+  if (d < 0) return fail(ENOENT, std::string("unknown host or device \"") + (host ? host : "") + ":" +
+                                     (device ? device : "") + "\"");
+  if (n < 0) return fail(EINVAL, "the number of PDs must be >= 0");
+  Shared* s = f->shm;
+  Guard g(s->lock);
+  collect_dead(s);
+  uint32_t max = limits_of(f->devices[d].profile).max_pd;
+  uint32_t used = count_pds(s, d);
+  if (used + static_cast<uint32_t>(n) > max)
+    return fail(ENOSPC, std::to_string(used) + " of the device's " + std::to_string(max) + " PDs are in use; cannot leak " +
+                            std::to_string(n) + " more");
+  for (int i = 0; i < n; ++i) {
+    ShmPd* slot = nullptr;
+    for (auto& p : s->pds)
+      if (!p.in_use) {
+        slot = &p;
+        break;
+      }
+    if (!slot) return fail(ENOSPC, "PD table full");
+    *slot = ShmPd{1, -1, static_cast<uint32_t>(d), s->next_pd++};
+  }
+  return 0;
+}
+
+EMU_EXPORT int tbemu_set_quirks(const char* fabric, const char* assignments) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  QuirkSet q;
+  Guard g(f->shm->lock);
+  std::memcpy(q, f->shm->quirks, sizeof q);
+  try {
+    set_quirks(q, assignments ? assignments : "");
+  } catch (const std::exception& e) {
+    return fail(EINVAL, e.what());
+  }
+  for (uint32_t i = 0; i < kNumQuirks; ++i) __atomic_store_n(&f->shm->quirks[i], q[i], __ATOMIC_RELAXED);
+  return 0;
+}
+
+EMU_EXPORT const char* tbemu_quirks(const char* fabric) {
+  static thread_local std::string out;
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return nullptr;
+  QuirkSet q;
+  for (uint32_t i = 0; i < kNumQuirks; ++i) q[i] = __atomic_load_n(&f->shm->quirks[i], __ATOMIC_RELAXED);
+  out = format_quirks(q);
+  return out.c_str();
 }
 
 EMU_EXPORT int tbemu_qp_count(const char* fabric, const char* host, const char* device) {
@@ -272,14 +337,28 @@ EMU_EXPORT const char* tbemu_describe(const char* fabric) {
   Shared* s = f->shm;
   Guard g(s->lock);
   collect_dead(s);
+  {
+    QuirkSet q;
+    std::memcpy(q, s->quirks, sizeof q);
+    o << "quirks: " << format_quirks(q) << " (Thunderbolt devices only)\n";
+  }
   for (size_t h = 0; h < f->hosts.size(); ++h) {
     o << "host " << f->hosts[h].name << "\n";
     for (int d : f->hosts[h].devices) {
       const DeviceDef& dd = f->devices[d];
-      int nqp = 0;
+      int nqp = 0, ncq = 0, nmr = 0;
       for (const auto& q : s->qps)
         if (q.in_use && q.device == static_cast<uint32_t>(d)) ++nqp;
-      o << "  device " << dd.name << " profile=" << profile_name(dd.profile) << " qps=" << nqp << "\n";
+      for (const auto& c : s->cqs)
+        if (c.in_use && c.device == static_cast<uint32_t>(d)) ++ncq;
+      for (const auto& m : s->mrs)
+        if (m.key && m.device == static_cast<uint32_t>(d)) ++nmr;
+      uint32_t nleaked = 0;
+      for (const auto& p : s->pds)
+        if (p.in_use && p.device == static_cast<uint32_t>(d) && p.pid < 0) ++nleaked;
+      o << "  device " << dd.name << " profile=" << profile_name(dd.profile) << " qps=" << nqp
+        << " pds=" << count_pds(s, d) << (nleaked ? " (" + std::to_string(nleaked) + " leaked)" : std::string())
+        << " cqs=" << ncq << " mrs=" << nmr << "\n";
       for (int p : dd.ports) {
         const ShmPort& sp = s->ports[p];
         o << "    port " << f->ports[p].port_num << ": " << (sp.up ? "up" : "down") << ", "

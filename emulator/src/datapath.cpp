@@ -68,10 +68,16 @@ bool check_region(Shared* s, uint32_t key, uint64_t addr, uint64_t len, int32_t 
   return true;
 }
 
-// One copy from local iovecs into the peer's. Returns false (errno set) on failure.
-bool copy_to(int32_t pid, const iovec* src, unsigned nsrc, const iovec* dst, unsigned ndst, uint64_t total) {
-  if (total == 0) return true;
-  if (pid == getpid()) {
+enum class Copy { Ok, Gone, Fault };
+
+// One copy between two processes' registered memory (one of them this process):
+// memcpy, process_vm_writev (into the peer) or process_vm_readv (from the peer).
+// Gone: the other process no longer exists. Fault: its mapping vanished.
+Copy copy_iov(int32_t src_pid, const iovec* src, unsigned nsrc, int32_t dst_pid, const iovec* dst, unsigned ndst,
+              uint64_t total) {
+  if (total == 0) return Copy::Ok;
+  const int32_t me = getpid();
+  if (src_pid == me && dst_pid == me) {
     // Same process (two emulated hosts in one test program): plain memcpy.
     unsigned si = 0, di = 0;
     size_t so = 0, doff = 0;
@@ -85,15 +91,12 @@ bool copy_to(int32_t pid, const iovec* src, unsigned nsrc, const iovec* dst, uns
       if (so == src[si].iov_len) ++si, so = 0;
       if (doff == dst[di].iov_len) ++di, doff = 0;
     }
-    return true;
+    return Copy::Ok;
   }
-  ssize_t r = process_vm_writev(pid, src, nsrc, dst, ndst, 0);
-  if (r < 0) return false;
-  if (static_cast<uint64_t>(r) != total) {
-    errno = EFAULT;  // peer's mapping vanished under a registered region
-    return false;
-  }
-  return true;
+  ssize_t r = src_pid == me ? process_vm_writev(dst_pid, src, nsrc, dst, ndst, 0)
+                            : process_vm_readv(src_pid, dst, ndst, src, nsrc, 0);
+  if (r < 0) return errno == ESRCH ? Copy::Gone : Copy::Fault;
+  return static_cast<uint64_t>(r) == total ? Copy::Ok : Copy::Fault;
 }
 
 ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
@@ -104,7 +107,22 @@ ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
   }
 }
 
-void complete_send(EmuQp* q, const SendOp& op, ibv_wc_status st) {
+// Thunderbolt send-queue accounting: frames leave tx_frames when their send
+// completes, whoever completes it. Saturating, and only while the slot still
+// holds that QP (a reset QP starts from zero).
+void tx_release(Shared* s, uint32_t qpn, uint32_t frames) {
+  if (!frames) return;
+  ShmQp& x = s->qps[qpn & (kMaxQps - 1)];
+  if (__atomic_load_n(&x.qpn, __ATOMIC_RELAXED) != qpn) return;
+  uint32_t cur = __atomic_load_n(&x.tx_frames, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&x.tx_frames, &cur, cur > frames ? cur - frames : 0u, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
+}
+
+void complete_send(EmuQp* q, SendOp& op, ibv_wc_status st) {
+  tx_release(q->ctx->fab->shm, q->s->qpn, op.frames_counted);
+  op.frames_counted = 0;
   if (st == IBV_WC_SUCCESS && !(op.flags & IBV_SEND_SIGNALED) && !q->sq_sig_all) return;
   ibv_wc wc{};
   wc.wr_id = op.wr_id;
@@ -113,6 +131,35 @@ void complete_send(EmuQp* q, const SendOp& op, ibv_wc_status st) {
   wc.byte_len = static_cast<uint32_t>(op.len);
   wc.qp_num = q->qp.qp_num;
   cq_push(*q->ctx->fab, q->scq->slot, wc, false);
+}
+
+// The completion of a send that waited in a receiver's queue (pushed by whichever
+// process resolves it; errors are always reported, successes only if signaled).
+void complete_waiting(Fabric& f, const WaitEntry& w, ibv_wc_status st) {
+  tx_release(f.shm, w.src_qpn, w.frames);
+  if (st == IBV_WC_SUCCESS && !w.signaled) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = st;
+  wc.opcode = IBV_WC_SEND;
+  wc.byte_len = static_cast<uint32_t>(w.len);
+  wc.qp_num = w.src_qpn;
+  cq_push(f, w.send_cq, wc, false);
+}
+
+// Removes (in order) the entries of sender `src_qpn` from a receiver's wait queue.
+// Caller holds rx.lock.
+void remove_waiting(ShmQp& rx, uint32_t src_qpn, std::vector<WaitEntry>* removed) {
+  uint32_t out = rx.whead;
+  for (uint32_t i = rx.whead; i != rx.wtail; ++i) {
+    const WaitEntry& w = rx.waiting[i & (kWaitRing - 1)];
+    if (w.src_qpn == src_qpn) {
+      if (removed) removed->push_back(w);
+    } else {
+      rx.waiting[out++ & (kWaitRing - 1)] = w;
+    }
+  }
+  rx.wtail = out;
 }
 
 void notify_channel(Fabric& f, int32_t pid, uint32_t channel, uint32_t cq_slot) {
@@ -125,7 +172,12 @@ void notify_channel(Fabric& f, int32_t pid, uint32_t channel, uint32_t cq_slot) 
   ::close(fd);
 }
 
-enum class Tx { Done, Rnr, NotReady };
+// Done: the WR left this QP's send queue (completed, lost, or waiting in the
+// receiver's queue). Rnr/NotReady: RC retries. NoCredit: empty_rq=wait and the
+// peer QP cannot take it yet (no such QP, or no link): it stays queued here and
+// is retried on every post and poll, for ever (a send without credits never
+// completes on hardware either).
+enum class Tx { Done, Rnr, NotReady, NoCredit };
 
 // Packets a message of `len` bytes takes at the sender's path MTU.
 inline uint32_t packets_of(const ShmQp* me, uint64_t len) {
@@ -140,23 +192,29 @@ struct PeerView {
   uint32_t pd = 0, qpn = 0, recv_cq = 0, access = 0;
 };
 
-bool find_peer(EmuQp* q, PeerView* pv) {
+// Whether receiver `p` is connected back to sender `me` and may receive.
+inline bool peer_ready(const ShmQp* p, const ShmQp* me) {
+  uint32_t st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
+  return (st == IBV_QPS_RTR || st == IBV_QPS_RTS) && p->type == me->type && p->dest_qpn == me->qpn &&
+         static_cast<int32_t>(p->port) == me->peer_port;
+}
+
+enum class Peer { NoLink, Absent, NotReady, Ready };
+
+Peer find_peer(EmuQp* q, PeerView* pv) {
   Fabric& f = *q->ctx->fab;
   ShmQp* me = q->s;
-  if (me->peer_port < 0 || !port_active(f, static_cast<int>(me->port))) return false;
+  if (me->peer_port < 0 || !port_active(f, static_cast<int>(me->port))) return Peer::NoLink;
   uint32_t dq = me->dest_qpn;
   ShmQp* p = &f.shm->qps[dq & (kMaxQps - 1)];
-  if (!__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE) || p->qpn != dq) return false;
-  uint32_t st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
-  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return false;
-  if (p->type != me->type || p->dest_qpn != me->qpn || static_cast<int32_t>(p->port) != me->peer_port) return false;
+  if (!__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE) || p->qpn != dq) return Peer::Absent;
   pv->qp = p;
   pv->pid = p->pid;
   pv->pd = p->pd;
   pv->qpn = p->qpn;
   pv->recv_cq = p->recv_cq;
   pv->access = p->access;
-  return true;
+  return peer_ready(p, me) ? Peer::Ready : Peer::NotReady;
 }
 
 // Builds the source iovecs of a send. Returns false if an lkey check fails.
@@ -175,7 +233,101 @@ bool source_iov(EmuQp* q, const SendOp& op, iovec* iov, unsigned* n) {
   return true;
 }
 
-// Attempts one send work request. Done means its completion(s) were generated.
+// A message meeting a receive: the checks and the copy, shared by the sender
+// (which found a posted receive) and the receiver (which posted one for a
+// waiting send).
+struct Msg {
+  ibv_wr_opcode opcode;
+  uint64_t len;
+  const iovec* src;
+  unsigned nsrc;
+  int32_t src_pid;
+  const iovec* wdst = nullptr;  // RDMA WRITE_WITH_IMM: the checked remote range
+};
+struct Outcome {
+  ibv_wc_status recv = IBV_WC_SUCCESS;
+  ibv_wc_status sender = IBV_WC_SUCCESS;  // what an RC responder would report
+  bool gone = false;                      // the other process is gone (nothing was written)
+};
+
+Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool tb) {
+  Outcome o;
+  const bool is_write = m.wdst != nullptr;
+  // The receive's SGEs were checked when posted; re-check the keys in case the
+  // region was deregistered since.
+  for (uint32_t i = 0; i < e.num_sge && e.status == IBV_WC_SUCCESS; ++i)
+    if (e.sge[i].length && !mr_of_key(s, e.sge[i].lkey)) e.status = IBV_WC_LOC_PROT_ERR;
+  if (e.status != IBV_WC_SUCCESS) {
+    o.recv = static_cast<ibv_wc_status>(e.status);
+    o.sender = IBV_WC_REM_OP_ERR;
+    return o;
+  }
+  if (!is_write && m.len > e.total) {
+    o.recv = IBV_WC_LOC_LEN_ERR;
+    o.sender = IBV_WC_REM_INV_REQ_ERR;
+    return o;
+  }
+  if (tb && !is_write && frames_of(m.len) != e.frames) {
+    // TN3205: send and receive must span the same number of 4 KiB frames. Fail loudly.
+    std::fprintf(stderr,
+                 "tbverbs-emu: frame mismatch on QP 0x%x: send of %llu bytes spans %u frame(s), "
+                 "posted receive spans %u; the receive completes with an error\n",
+                 dst_qpn, static_cast<unsigned long long>(m.len), frames_of(m.len), e.frames);
+    o.recv = IBV_WC_LOC_LEN_ERR;
+    return o;
+  }
+  Copy r;
+  if (is_write) {
+    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, m.wdst, 1, m.len);
+  } else {
+    iovec dst[kMaxSge];
+    unsigned nd = 0;
+    uint64_t left = m.len;
+    for (uint32_t i = 0; i < e.num_sge && left > 0; ++i) {
+      uint64_t n = std::min<uint64_t>(e.sge[i].length, left);
+      if (n == 0) continue;
+      dst[nd].iov_base = reinterpret_cast<void*>(e.sge[i].addr);
+      dst[nd].iov_len = n;
+      ++nd;
+      left -= n;
+    }
+    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, dst, nd, m.len);
+  }
+  if (r == Copy::Gone) o.gone = true;
+  if (r == Copy::Fault) {
+    o.recv = IBV_WC_LOC_PROT_ERR;
+    o.sender = IBV_WC_REM_OP_ERR;
+  }
+  return o;
+}
+
+ibv_wc recv_wc(const RecvEntry& e, const Outcome& o, ibv_wr_opcode op, uint64_t len, uint32_t imm, uint32_t qpn,
+               uint32_t src_qpn) {
+  ibv_wc rwc{};
+  rwc.wr_id = e.wr_id;
+  rwc.status = o.recv;
+  rwc.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  rwc.byte_len = o.recv == IBV_WC_SUCCESS ? static_cast<uint32_t>(len) : 0;
+  rwc.qp_num = qpn;
+  rwc.src_qp = src_qpn;
+  if (op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    rwc.wc_flags = IBV_WC_WITH_IMM;
+    rwc.imm_data = imm;
+  }
+  return rwc;
+}
+
+// What a UC Thunderbolt send does when the receiver has no receive for it.
+uint32_t empty_rq_mode(EmuQp* q, bool tb) {
+  if (!tb) return kEmptyRqDrop;  // rdma-core UC: lost (RC retries instead)
+  Fabric& f = *q->ctx->fab;
+  uint32_t m = quirk(f, Profile::Thunderbolt, Quirk::EmptyRq);
+  // The sticky-loss fault is the kill reading for one host.
+  if (m != kEmptyRqKill && fault_sticky_loss(f, q->ctx->host)) m = kEmptyRqKill;
+  return m;
+}
+
+// Attempts one send work request.
 Tx try_send(EmuQp* q, SendOp& op) {
   Fabric& f = *q->ctx->fab;
   Shared* s = f.shm;
@@ -191,7 +343,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
     return Tx::Done;
   }
   if (tb && is_write) {
-    // As reported for Apple's driver: RDMA WRITE is accepted and completes, but nothing moves.
+    // As reported for Apple's driver (ds4): RDMA WRITE is accepted and completes, but nothing moves.
     complete_send(q, op, IBV_WC_SUCCESS);
     return Tx::Done;
   }
@@ -200,14 +352,30 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_send(q, op, IBV_WC_SUCCESS);
     return Tx::Done;
   }
+  if (tb && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
+    // Quirk macos=26.2 (ds4, JACCL): a message of more than one frame is never
+    // delivered; the send completes, the peer's receive stays posted.
+    complete_send(q, op, IBV_WC_SUCCESS);
+    return Tx::Done;
+  }
+  const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q, tb);
+  const bool wait = mode == kEmptyRqWait;
   PeerView pv;
-  if (!find_peer(q, &pv)) {
+  Peer peer = find_peer(q, &pv);
+  if (peer == Peer::NoLink || peer == Peer::Absent) {
+    if (rc) return Tx::NotReady;
+    if (wait) return Tx::NoCredit;
+    complete_send(q, op, IBV_WC_SUCCESS);  // UC: silently lost
+    return Tx::Done;
+  }
+  if (peer == Peer::NotReady && !wait) {
     if (rc) return Tx::NotReady;
     complete_send(q, op, IBV_WC_SUCCESS);  // UC: silently lost
     return Tx::Done;
   }
 
   // Remote region of an RDMA WRITE: checked before any receive is consumed.
+  // (Never under empty_rq=wait: Thunderbolt writes returned above.)
   iovec wdst{};
   if (is_write) {
     uint64_t a = 0;
@@ -229,7 +397,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         Guard g(pv.qp->lock);
         if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
       }
-      if (!copy_to(pv.pid, src, nsrc, &wdst, 1, op.len)) {
+      if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len) != Copy::Ok) {
         if (rc) return Tx::NotReady;
         complete_send(q, op, IBV_WC_SUCCESS);
         return Tx::Done;
@@ -247,98 +415,80 @@ Tx try_send(EmuQp* q, SendOp& op) {
     }
   }
 
-  // Consumes the peer's next posted receive.
+  // Takes the peer's next posted receive, or (empty_rq=wait) queues the send at
+  // the peer, behind the sends already waiting there so that order is kept.
+  enum { Took, Empty, Queued, Full, Gone } got = Empty;
   RecvEntry e;
-  bool empty = false;
   {
     Guard g(pv.qp->lock);
-    if (rc && pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
-    if (pv.qp->qpn != pv.qpn || pv.qp->head == pv.qp->tail) {
-      empty = true;
-    } else {
+    ShmQp* p = pv.qp;
+    if (rc && p->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
+    if (p->qpn != pv.qpn) {
+      got = Gone;  // destroyed since
+    } else if (peer_ready(p, q->s) && p->head != p->tail && (!wait || p->whead == p->wtail)) {
       if (rc) {  // the message is taken: both ends move past its packets
         uint32_t n = packets_of(q->s, op.len);
-        pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
+        p->rq_psn = (p->rq_psn + n) & 0xffffff;
         q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
       }
-      e = pv.qp->ring[pv.qp->head & (kRecvRing - 1)];
-      pv.qp->head++;
-      pv.qp->recv_frames -= std::min(pv.qp->recv_frames, e.frames);
+      e = p->ring[p->head & (kRecvRing - 1)];
+      p->head++;
+      p->recv_frames -= std::min(p->recv_frames, e.frames);
+      got = Took;
+    } else if (wait && nsrc <= 1) {  // Thunderbolt grants one SGE, so one source range
+      if (p->wtail - p->whead >= kWaitRing) {
+        got = Full;
+      } else {
+        WaitEntry& w = p->waiting[p->wtail & (kWaitRing - 1)];
+        w = WaitEntry{};
+        w.wr_id = op.wr_id;
+        w.src_addr = nsrc ? reinterpret_cast<uint64_t>(src[0].iov_base) : 0;
+        w.len = op.len;
+        for (uint32_t i = 0; i < op.num_sge; ++i)
+          if (op.sge[i].length) w.lkey = op.sge[i].lkey;
+        w.pid = q->s->pid;
+        w.src_qpn = q->s->qpn;
+        w.send_cq = q->scq->slot;
+        w.frames = op.frames_counted;  // completing it releases them
+        w.signaled = (op.flags & IBV_SEND_SIGNALED) || q->sq_sig_all;
+        w.solicited = (op.flags & IBV_SEND_SOLICITED) != 0;
+        p->wtail++;
+        got = Queued;
+      }
     }
   }
-  if (empty) {  // (decided outside the peer's lock: fault checks take the fabric lock)
-    if (!rc) {
-      // UC: no receive posted → lost. With the sticky-loss fault (ds4's report on
-      // Apple's driver) the direction then stays dead.
-      if (fault_sticky_loss(f, q->ctx->host)) __atomic_store_n(&q->s->drop_tx, 1u, __ATOMIC_RELEASE);
+  switch (got) {
+    case Queued:
+      op.frames_counted = 0;  // now the waiting entry's
+      return Tx::Done;
+    case Full:
+    case Gone:
+      if (wait) return Tx::NoCredit;
+      if (rc) return Tx::NotReady;
       complete_send(q, op, IBV_WC_SUCCESS);
       return Tx::Done;
-    }
-    return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
-  }
-
-  ibv_wc rwc{};
-  rwc.wr_id = e.wr_id;
-  rwc.status = IBV_WC_SUCCESS;
-  rwc.opcode = op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-  rwc.byte_len = static_cast<uint32_t>(op.len);
-  rwc.qp_num = pv.qpn;
-  rwc.src_qp = q->qp.qp_num;
-  if (op.opcode == IBV_WR_SEND_WITH_IMM || op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    rwc.wc_flags = IBV_WC_WITH_IMM;
-    rwc.imm_data = op.imm;
-  }
-  ibv_wc_status sender_status = IBV_WC_SUCCESS;
-
-  // The receive's SGEs were checked when posted; re-check the keys in case the
-  // region was deregistered since.
-  for (uint32_t i = 0; i < e.num_sge && e.status == IBV_WC_SUCCESS; ++i)
-    if (e.sge[i].length && !mr_of_key(s, e.sge[i].lkey)) e.status = IBV_WC_LOC_PROT_ERR;
-
-  if (e.status != IBV_WC_SUCCESS) {
-    rwc.status = static_cast<ibv_wc_status>(e.status);
-    sender_status = IBV_WC_REM_OP_ERR;
-  } else if (!is_write && op.len > e.total) {
-    rwc.status = IBV_WC_LOC_LEN_ERR;
-    sender_status = IBV_WC_REM_INV_REQ_ERR;
-  } else if (tb && !is_write && frames_of(op.len) != e.frames) {
-    // Apple: send and receive must span the same number of 4 KiB frames. Fail loudly.
-    std::fprintf(stderr,
-                 "tbverbs-emu: frame mismatch on QP 0x%x: send of %llu bytes spans %u frame(s), "
-                 "posted receive spans %u; the receive completes with an error\n",
-                 pv.qpn, static_cast<unsigned long long>(op.len), frames_of(op.len), e.frames);
-    rwc.status = IBV_WC_LOC_LEN_ERR;
-  } else {
-    bool ok;
-    if (is_write) {
-      ok = copy_to(pv.pid, src, nsrc, &wdst, 1, op.len);
-    } else {
-      iovec dst[kMaxSge];
-      unsigned nd = 0;
-      uint64_t left = op.len;
-      for (uint32_t i = 0; i < e.num_sge && left > 0; ++i) {
-        uint64_t n = std::min<uint64_t>(e.sge[i].length, left);
-        if (n == 0) continue;
-        dst[nd].iov_base = reinterpret_cast<void*>(e.sge[i].addr);
-        dst[nd].iov_len = n;
-        ++nd;
-        left -= n;
-      }
-      ok = copy_to(pv.pid, src, nsrc, dst, nd, op.len);
-    }
-    if (!ok) {
-      if (errno == ESRCH) {  // the peer process is gone, with its memory
-        if (rc) return Tx::NotReady;
+    case Empty:
+      if (!rc) {
+        // UC, no receive posted: lost (drop). kill (ds4's report on Apple's driver):
+        // lost, and the direction then stays dead.
+        if (mode == kEmptyRqKill) __atomic_store_n(&q->s->drop_tx, 1u, __ATOMIC_RELEASE);
         complete_send(q, op, IBV_WC_SUCCESS);
         return Tx::Done;
       }
-      rwc.status = IBV_WC_LOC_PROT_ERR;
-      sender_status = IBV_WC_REM_OP_ERR;
-    }
+      return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
+    case Took: break;
   }
-  if (rwc.status != IBV_WC_SUCCESS) rwc.byte_len = 0;
-  cq_push(f, pv.recv_cq, rwc, (op.flags & IBV_SEND_SOLICITED) != 0);
-  if (!rc) sender_status = IBV_WC_SUCCESS;  // UC has no responder feedback
+
+  Msg m{op.opcode, op.len, src, nsrc, q->s->pid, is_write ? &wdst : nullptr};
+  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, tb);
+  if (o.gone) {  // the peer process is gone, with its memory
+    if (rc) return Tx::NotReady;
+    complete_send(q, op, IBV_WC_SUCCESS);
+    return Tx::Done;
+  }
+  cq_push(f, pv.recv_cq, recv_wc(e, o, op.opcode, op.len, op.imm, pv.qpn, q->qp.qp_num),
+          (op.flags & IBV_SEND_SOLICITED) != 0);
+  ibv_wc_status sender_status = rc ? o.sender : IBV_WC_SUCCESS;  // UC has no responder feedback
   complete_send(q, op, sender_status);
   if (sender_status != IBV_WC_SUCCESS) qp_to_error(q);
   return Tx::Done;
@@ -381,6 +531,11 @@ void progress_locked(EmuQp* q) {
     if (r == Tx::Done) {
       if (q->s->state == IBV_QPS_ERR) break;
       continue;
+    }
+    if (r == Tx::NoCredit) {  // waits for the peer for ever (see Tx)
+      q->pending.push_front(std::move(op));
+      q->npending.fetch_add(1);
+      break;
     }
     int64_t budget;
     ibv_wc_status fail;
@@ -457,24 +612,22 @@ void qp_to_error(EmuQp* q) {
   __atomic_store_n(&q->s->state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
   q->attr.qp_state = IBV_QPS_ERR;
   q->qp.state = IBV_QPS_ERR;
-  // Flush outstanding sends (the caller already took the failed one off the queue).
+  // Flush outstanding sends, oldest first: those waiting at the peer, then the
+  // local ones (the caller already took the failed one off the queue).
+  forget_waiting_sends(q, true);
   while (!q->pending.empty()) {
     SendOp op = std::move(q->pending.front());
     q->pending.pop_front();
     q->npending.fetch_sub(1);
-    ibv_wc wc{};
-    wc.wr_id = op.wr_id;
-    wc.status = IBV_WC_WR_FLUSH_ERR;
-    wc.opcode = send_wc_opcode(op.opcode);
-    wc.qp_num = q->qp.qp_num;
-    cq_push(f, q->scq->slot, wc, false);
+    complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
   }
-  // Flush posted receives.
+  // Flush posted receives; sends waiting for them never complete.
   std::vector<RecvEntry> flushed;
   {
     Guard g(q->s->lock);
     while (q->s->head != q->s->tail) flushed.push_back(q->s->ring[q->s->head++ & (kRecvRing - 1)]);
     q->s->recv_frames = 0;
+    discard_waiting(*q->s);
   }
   for (const auto& e : flushed) {
     ibv_wc wc{};
@@ -539,7 +692,6 @@ namespace {
 
 int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t delay, bool* deferred) {
   const bool tb = is_tb(q);
-  const bool rc = q->s->type == IBV_QPT_RC;
   std::lock_guard<std::mutex> g(q->mu);
   if (!q->pending.empty()) progress_locked(q);
   for (; wr; wr = wr->next) {
@@ -576,30 +728,32 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       if (bad) *bad = wr;
       return EINVAL;
     }
-    if (tb && frames_of(op.len) > q->cap.max_send_wr) {
-      if (bad) *bad = wr;
-      return ENOMEM;  // the send ring is counted in 4 KiB frames
-    }
     if (state == IBV_QPS_ERR) {
       complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
       continue;
     }
-    uint64_t max_msg = tb ? uint64_t(kTbMaxDepth) * kFrame : (1ull << 30);
-    if (op.len > max_msg) {
-      complete_send(q, op, IBV_WC_LOC_LEN_ERR);
+    if (op.len > limits_of(q->ctx->fab->devices[q->ctx->dev].profile).max_msg) {
+      complete_send(q, op, IBV_WC_LOC_LEN_ERR);  // longer than the port's max_msg_sz
       qp_to_error(q);
       continue;
     }
-    if (!rc && q->pending.empty() && delay == 0) {
-      try_send(q, op);  // UC completes (or loses) immediately
-      continue;
+    if (tb) {
+      // TN3205: the send queue is counted in 4 KiB frames; a send holds its frames
+      // until it completes (also while it waits for the peer's receive).
+      uint32_t fr = frames_of(op.len);
+      if (__atomic_load_n(&q->s->tx_frames, __ATOMIC_RELAXED) + fr > q->cap.max_send_wr) {
+        if (bad) *bad = wr;
+        return ENOMEM;
+      }
+      __atomic_add_fetch(&q->s->tx_frames, fr, __ATOMIC_RELAXED);
+      op.frames_counted = fr;
     }
     if (q->pending.empty() && delay == 0) {
       op.first_try_ns = now_ns();
-      if (try_send(q, op) == Tx::Done) continue;
+      if (try_send(q, op) == Tx::Done) continue;  // UC completes, loses or queues it at the peer at once
     }
     // Deferred: keep the payload of inline sends, whose buffer the caller may reuse.
-    if (q->pending.size() >= q->cap.max_send_wr + 1u) {
+    if (!tb && q->pending.size() >= q->cap.max_send_wr + 1u) {
       if (bad) *bad = wr;
       return ENOMEM;
     }
@@ -675,7 +829,67 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     q->s->recv_frames += e.frames;
     __atomic_store_n(&q->s->tail, q->s->tail + 1, __ATOMIC_RELEASE);
   }
+  // empty_rq=wait: sends that arrived first are moved now, by the receiver.
+  if (tb && __atomic_load_n(&q->s->wtail, __ATOMIC_ACQUIRE) != __atomic_load_n(&q->s->whead, __ATOMIC_ACQUIRE))
+    rx_drain(q);
   return 0;
+}
+
+void rx_drain(EmuQp* q) {
+  Fabric& f = *q->ctx->fab;
+  Shared* s = f.shm;
+  ShmQp* me = q->s;
+  // The copies and both completions happen under this QP's lock, so a sender
+  // deciding "no receive: wait" and this receiver deciding "waiting send: deliver"
+  // cannot race, and receives complete in the order they were posted.
+  Guard g(me->lock);
+  while (me->whead != me->wtail && me->head != me->tail) {
+    uint32_t st = me->state;
+    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return;  // sends wait until RTR
+    const WaitEntry w = me->waiting[me->whead & (kWaitRing - 1)];
+    const ShmQp& sq = s->qps[w.src_qpn & (kMaxQps - 1)];
+    if (!__atomic_load_n(&sq.in_use, __ATOMIC_ACQUIRE) || sq.qpn != w.src_qpn || sq.pid != w.pid ||
+        me->dest_qpn != w.src_qpn) {
+      me->whead++;  // the sending QP is gone (destroyed, reset, its process died) or not our peer
+      continue;
+    }
+    if (w.len) {
+      const ShmMr* mr = mr_of_key(s, w.lkey);
+      if (!mr || mr->pid != w.pid) {
+        // The sender deregistered its buffer before the send left: a local
+        // protection error on the sender's side, as hardware reports it.
+        me->whead++;
+        complete_waiting(f, w, IBV_WC_LOC_PROT_ERR);
+        continue;
+      }
+    }
+    const RecvEntry e = me->ring[me->head & (kRecvRing - 1)];
+    iovec src{reinterpret_cast<void*>(w.src_addr), w.len};
+    Msg m{IBV_WR_SEND, w.len, &src, w.len ? 1u : 0u, w.pid};
+    Outcome o = deliver(s, m, e, me->pid, me->qpn, true);
+    me->whead++;
+    if (o.gone) continue;  // the sender died with its memory: its message is lost
+    me->head++;
+    me->recv_frames -= std::min(me->recv_frames, e.frames);
+    cq_push(f, me->recv_cq, recv_wc(e, o, IBV_WR_SEND, w.len, 0, me->qpn, w.src_qpn), w.solicited != 0);
+    complete_waiting(f, w, IBV_WC_SUCCESS);  // UC: the sender learns nothing of receive errors
+  }
+}
+
+void forget_waiting_sends(EmuQp* q, bool flush) {
+  Fabric& f = *q->ctx->fab;
+  ShmQp* me = q->s;
+  if (me->dest_qpn) {
+    std::vector<WaitEntry> removed;
+    ShmQp& p = f.shm->qps[me->dest_qpn & (kMaxQps - 1)];
+    {
+      Guard g(p.lock);
+      remove_waiting(p, me->qpn, &removed);
+    }
+    if (flush)
+      for (const auto& w : removed) complete_waiting(f, w, IBV_WC_WR_FLUSH_ERR);
+  }
+  if (!flush) __atomic_store_n(&me->tx_frames, 0u, __ATOMIC_RELAXED);
 }
 
 int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
@@ -717,6 +931,8 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
   auto* c = reinterpret_cast<EmuCq*>(cq);
   if (int e = fault_check(*c->fab, "ibv_req_notify_cq", c->host)) return e;
+  if (quirk(*c->fab, c->fab->devices[c->dev].profile, Quirk::CompletionChannels) == kChannelsOff)
+    return EOPNOTSUPP;  // quirk completion_channels=off
   Guard g(c->s->lock);
   c->s->armed = solicited_only ? 2 : 1;
   return 0;

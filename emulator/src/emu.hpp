@@ -30,15 +30,67 @@ constexpr uint32_t kMaxPorts = 64;
 constexpr uint32_t kMaxQps = 256;     // QPN low byte is the slot index
 constexpr uint32_t kMaxCqs = 128;
 constexpr uint32_t kMaxMrs = 4096;    // key low 12 bits are the slot index
+constexpr uint32_t kMaxPds = 1024;
 constexpr uint32_t kMaxFaults = 32;
 constexpr uint32_t kRecvRing = 4096;  // per-QP receive ring (power of two)
+constexpr uint32_t kWaitRing = 4096;  // per-QP queue of sends waiting for a receive (empty_rq=wait)
 constexpr uint32_t kCqRing = 16384;   // per-CQ completion ring (power of two)
 constexpr uint32_t kMaxSge = 4;
-constexpr uint32_t kFrame = 4096;     // Thunderbolt accounting unit
-constexpr uint32_t kTbMaxQpsPerDevice = 10;
-constexpr uint32_t kTbMaxDepth = 4095;
-constexpr uint32_t kRcMaxDepth = 4096;
-constexpr uint32_t kMaxInlineRc = 256;
+constexpr uint32_t kFrame = 4096;     // Thunderbolt accounting unit (TN3205: queues count 4 KiB frames)
+
+// What ibv_query_device/ibv_query_port report and what the verbs enforce, per
+// profile. One table: the sources are in limits_of() (fabric.cpp) and in
+// docs/emulator.md's table of limits.
+struct Limits {
+  uint32_t max_qp;          // reported by ibv_query_device
+  uint32_t usable_qps;      // QPs per device that create_qp grants (across processes); the next → EBUSY
+  uint32_t max_pd;          // per device, across processes (leaked PDs count); the next → ENOMEM
+  uint32_t max_cq;          // per device, across processes; the next → ENOMEM
+  uint32_t max_mr;          // per device, across processes; the next → ENOMEM
+  uint32_t max_sge;         // create_qp with more → EINVAL; post with more → EINVAL
+  uint64_t max_mr_size;     // reg_mr longer → EINVAL
+  uint32_t max_depth;       // work requests (RC) or 4 KiB frames (Thunderbolt) per queue
+  uint32_t min_depth;       // Thunderbolt: smallest depth the driver grants (requests are rounded up)
+  uint64_t max_msg;         // port max_msg_sz; longer sends complete with LOC_LEN_ERR
+  uint32_t max_cqe;
+  uint32_t max_inline;
+};
+const Limits& limits_of(Profile p);
+// Thunderbolt: the depth create_qp grants for a request (see limits_of for the model).
+uint32_t tb_granted_depth(uint32_t requested);
+
+// ---------------------------------------------------------------- quirks
+//
+// Contested behaviours of Apple's driver, each one selectable (fabric file
+// "quirks", TBVERBS_EMU_QUIRKS, tbverbs-emu quirk). They apply to the Thunderbolt
+// profile only. Value 0 of each is the default (the common field experience).
+// The names, values and sources live in one table, kQuirks (quirks.cpp), used for
+// parsing, for `tbverbs-emu show` and mirrored in docs/emulator.md.
+enum class Quirk : uint32_t { EmptyRq = 0, MacOs = 1, MrAccess = 2, CompletionChannels = 3 };
+constexpr uint32_t kNumQuirks = 4;
+enum EmptyRq : uint32_t { kEmptyRqWait = 0, kEmptyRqDrop = 1, kEmptyRqKill = 2 };
+enum MacOs : uint32_t { kMacOs26_3 = 0, kMacOs26_2 = 1 };
+enum MrAccess : uint32_t { kMrAccessAny = 0, kMrAccessLocalWriteOnly = 1, kMrAccessRemoteRequired = 2 };
+enum Channels : uint32_t { kChannelsOff = 0, kChannelsOn = 1 };
+
+struct QuirkValue {
+  const char* name;
+  const char* source;   // "TN3205", "[R] <report>", "our assumption"
+  const char* meaning;
+};
+struct QuirkDef {
+  const char* name;
+  QuirkValue values[3];
+  uint32_t nvalues;
+};
+extern const QuirkDef kQuirks[kNumQuirks];
+using QuirkSet = uint32_t[kNumQuirks];
+// Sets one quirk from "name" and "value"; throws std::runtime_error naming the valid choices.
+void set_quirk(QuirkSet q, const std::string& name, const std::string& value);
+// Applies "name=value,name=value" (TBVERBS_EMU_QUIRKS, the CLI); throws like set_quirk.
+void set_quirks(QuirkSet q, const std::string& assignments);
+// "empty_rq=wait macos=26.3 ..."
+std::string format_quirks(const QuirkSet q);
 
 // ---------------------------------------------------------------- fabric (static)
 
@@ -76,6 +128,7 @@ struct Fabric {
   std::vector<HostDef> hosts;
   std::vector<DeviceDef> devices;
   std::vector<PortDef> ports;
+  QuirkSet quirks{};           // the file's "quirks" (defaults elsewhere); the live values are in shm
   Shared* shm = nullptr;
 
   int find_host(const std::string& name) const;
@@ -156,8 +209,27 @@ struct RecvEntry {
   ibv_sge sge[kMaxSge];
 };
 
+// A send that met an empty receive queue under empty_rq=wait (Thunderbolt, UC):
+// it waits in the RECEIVER's ShmQp, under the receiver's lock, until that QP
+// has a receive for it. Whoever comes second (the sender finding a receive, or
+// the receiver posting one) moves the data, so nobody needs a progress thread.
+// Thunderbolt grants one SGE, so one source range.
+struct WaitEntry {
+  uint64_t wr_id;
+  uint64_t src_addr;   // sender's process address (translated through its lkey when posted)
+  uint64_t len;
+  uint32_t lkey;       // re-checked at delivery: the region must still be registered
+  int32_t pid;         // sender process
+  uint32_t src_qpn;    // sender QP (its slot must still hold this QPN)
+  uint32_t send_cq;    // sender's send CQ slot
+  uint32_t frames;     // counted in the sender's tx_frames until it completes
+  uint32_t signaled;   // push a send completion (IBV_SEND_SIGNALED or sq_sig_all)
+  uint32_t solicited;
+  uint32_t pad;
+};
+
 struct ShmQp {
-  ShmLock lock;      // guards the receive ring and the counters below it
+  ShmLock lock;      // guards the receive ring, the wait queue and the counters below it
   uint32_t in_use;
   int32_t pid;
   uint32_t qpn;
@@ -181,13 +253,19 @@ struct ShmQp {
   uint32_t max_recv_wr;
   uint32_t recv_frames;  // frames (Thunderbolt) or WRs outstanding in the ring
   uint32_t head, tail;   // free-running ring indices
+  // Thunderbolt: frames of this QP's sends posted and not yet completed (atomic;
+  // the sender adds, whoever completes the send subtracts). Bounded by max_send_wr.
+  uint32_t tx_frames;
+  uint32_t whead, wtail; // wait queue (sends addressed to this QP waiting for a receive)
   RecvEntry ring[kRecvRing];
+  WaitEntry waiting[kWaitRing];
 };
 
 struct ShmCq {
   ShmLock lock;
   uint32_t in_use;
   int32_t pid;
+  uint32_t device;       // global device index (per-device CQ limit)
   uint32_t capacity;
   uint32_t head, tail;   // free-running
   uint32_t armed;        // 1 = next completion raises an event, 2 = solicited only
@@ -197,6 +275,16 @@ struct ShmCq {
   uint32_t events;       // events raised (diagnostics)
   uint32_t waiters;      // owner threads sleeping on `tail` (futex) in ibv_poll_cq
   ibv_wc ring[kCqRing];
+};
+
+// Protection domains live in shared memory only to be counted per device across
+// processes. A leaked PD (tbverbs-emu fault leak-pds) has no owner and survives
+// until reset, as PDs of orphaned processes do on a Mac until a reboot.
+struct ShmPd {
+  uint32_t in_use;
+  int32_t pid;           // owner; -1 = leaked
+  uint32_t device;
+  uint32_t id;
 };
 
 struct Shared {
@@ -209,14 +297,16 @@ struct Shared {
   uint32_t next_channel;
   uint32_t next_pd;
   uint32_t pad;
+  uint32_t quirks[kNumQuirks];  // live quirk values (atomic loads), see Quirk
   ShmPort ports[kMaxPorts];
   ShmFault faults[kMaxFaults];
   ShmMr mrs[kMaxMrs];
+  ShmPd pds[kMaxPds];
   ShmQp qps[kMaxQps];
   ShmCq cqs[kMaxCqs];
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550002ull;  // "TBVEMU" v2
+constexpr uint64_t kMagic = 0x54425645'4d550003ull;  // "TBVEMU" v3
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);
@@ -224,8 +314,29 @@ Shared* open_shared(Fabric& f);
 void reset_shared(const Fabric& f);
 
 bool pid_alive(int32_t pid);
-// Frees QP/CQ/MR slots whose owner process no longer exists. Caller holds shm->lock.
+// Frees QP/CQ/MR/PD slots whose owner process no longer exists (leaked PDs stay).
+// Caller holds shm->lock.
 void collect_dead(Shared* s);
+// PDs in use on a device (leaked ones included); whether any of them is leaked.
+// Caller holds shm->lock.
+uint32_t count_pds(const Shared* s, int device, bool* any_leaked = nullptr);
+// Discards the sends waiting in a receiver QP's queue: they never complete, as a
+// send without credits on hardware. Caller holds q.lock.
+inline void discard_waiting(ShmQp& q) { q.whead = q.wtail = 0; }
+
+// Live value of a quirk for a device of profile p. Other profiles behave like an
+// rdma-core NIC whatever the quirks say: UC drops a send that meets no receive,
+// messages of any frame count, any MR access, completion channels.
+inline uint32_t quirk(const Fabric& f, Profile p, Quirk q) {
+  if (p != Profile::Thunderbolt) {
+    switch (q) {
+      case Quirk::EmptyRq: return kEmptyRqDrop;
+      case Quirk::CompletionChannels: return kChannelsOn;
+      default: return 0;
+    }
+  }
+  return __atomic_load_n(&f.shm->quirks[static_cast<uint32_t>(q)], __ATOMIC_RELAXED);
+}
 
 // ---------------------------------------------------------------- port view
 

@@ -80,6 +80,15 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
   try {
     if (!j.is_object()) throw std::runtime_error("top level must be an object");
     f->profile = parse_profile(j.value("profile", std::string("thunderbolt")));
+    if (j.contains("quirks")) {
+      const json& jq = j["quirks"];
+      if (!jq.is_object()) throw std::runtime_error("\"quirks\" must be an object of name: value");
+      for (const auto& [name, value] : jq.items()) {
+        if (!value.is_string())
+          throw std::runtime_error("quirk " + name + ": the value must be a string (e.g. \"wait\", \"26.3\")");
+        set_quirk(f->quirks, name, value.get<std::string>());
+      }
+    }
     if (!j.contains("hosts") || !j["hosts"].is_array() || j["hosts"].empty())
       throw std::runtime_error("\"hosts\" must be a non-empty array");
     for (const auto& jh : j["hosts"]) {
@@ -268,6 +277,19 @@ Fabric& load_fabric(const std::string& path) {
   const char* sd = std::getenv("TBVERBS_EMU_STATE_DIR");
   f->state_dir = (sd && *sd) ? std::string(sd) : default_state_dir(key, text);
   f->shm = open_shared(*f);
+  // TBVERBS_EMU_QUIRKS overrides the file's quirks in the shared state, for every
+  // process on the fabric, each time a process loads it (convenient for tests).
+  if (const char* env = std::getenv("TBVERBS_EMU_QUIRKS"); env && *env) {
+    QuirkSet q;
+    std::memcpy(q, f->shm->quirks, sizeof q);
+    try {
+      set_quirks(q, env);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("TBVERBS_EMU_QUIRKS=\"") + env + "\": " + e.what());
+    }
+    Guard g(f->shm->lock);
+    for (uint32_t i = 0; i < kNumQuirks; ++i) __atomic_store_n(&f->shm->quirks[i], q[i], __ATOMIC_RELAXED);
+  }
   Fabric& ref = *f;
   fabrics()[key] = std::move(f);
   return ref;
@@ -364,6 +386,7 @@ Shared* open_shared(Fabric& f) {
       s->ports[i].ip = f.ports[i].initial_ip;
       s->ports[i].prefix = f.ports[i].initial_prefix;
     }
+    for (uint32_t i = 0; i < kNumQuirks; ++i) s->quirks[i] = f.quirks[i];
     for (auto& q : s->qps) q.lock.init();
     for (auto& c : s->cqs) c.lock.init();
     __atomic_store_n(&s->magic, kMagic, __ATOMIC_RELEASE);
@@ -402,11 +425,25 @@ void collect_dead(Shared* s) {
       Guard g(q.lock);
       q.in_use = 0;
       q.state = IBV_QPS_RESET;
+      discard_waiting(q);
     }
+  for (auto& p : s->pds)
+    if (p.in_use && p.pid >= 0 && !pid_alive(p.pid)) p.in_use = 0;
   for (auto& c : s->cqs)
     if (c.in_use && !pid_alive(c.pid)) c.in_use = 0;
   for (auto& m : s->mrs)
     if (m.key && !pid_alive(m.pid)) m.key = 0;
+}
+
+uint32_t count_pds(const Shared* s, int device, bool* any_leaked) {
+  uint32_t n = 0;
+  if (any_leaked) *any_leaked = false;
+  for (const auto& p : s->pds)
+    if (p.in_use && p.device == static_cast<uint32_t>(device)) {
+      ++n;
+      if (p.pid < 0 && any_leaked) *any_leaked = true;
+    }
+  return n;
 }
 
 // ---------------------------------------------------------------- port view

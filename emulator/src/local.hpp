@@ -28,6 +28,7 @@ struct EmuContext {
 struct EmuPd {
   ibv_pd pd;
   uint32_t id;
+  uint32_t slot;              // its ShmPd (counted per device across processes)
   std::atomic<int> users{0};  // MRs and QPs: dealloc while in use is EBUSY, as in the kernel
 };
 
@@ -48,6 +49,7 @@ struct EmuCq {
   ibv_cq cq;
   Fabric* fab;
   int host;
+  int dev;
   uint32_t slot;
   ShmCq* s;
   std::atomic<int> users{0};  // QPs using it: destroy while in use is EBUSY
@@ -69,6 +71,7 @@ struct SendOp {
   uint64_t len = 0;
   int64_t first_try_ns = 0;
   int64_t not_before_ns = 0;
+  uint32_t frames_counted = 0;    // Thunderbolt: frames this WR holds in the QP's tx_frames
 };
 
 struct EmuQp {
@@ -96,8 +99,16 @@ int emu_req_notify_cq(ibv_cq* cq, int solicited_only);
 void progress_all();
 bool any_pending();
 void forget_pending(EmuQp* q);
-// Moves a QP to ERR: flushes pending sends and posted receives as WR_FLUSH_ERR.
+// Moves a QP to ERR: flushes pending sends (its waiting ones too) and posted
+// receives as WR_FLUSH_ERR; sends waiting for this QP's receives are discarded.
 void qp_to_error(EmuQp* q);
+// empty_rq=wait. Receiver side: pairs sends waiting in this QP's queue with its
+// posted receives (after post_recv, and when the QP reaches RTR). Caller holds q->mu
+// or is the only user of q.
+void rx_drain(EmuQp* q);
+// Sender side: takes this QP's sends out of its peer's wait queue (destroy, RESET,
+// ERR); with `flush`, each completes with WR_FLUSH_ERR. Resets tx_frames.
+void forget_waiting_sends(EmuQp* q, bool flush);
 void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited);
 // Resolves an lkey/rkey to a live region. Returns nullptr when the key is stale.
 const ShmMr* mr_of_key(Shared* s, uint32_t key);

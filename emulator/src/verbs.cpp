@@ -39,7 +39,10 @@ EmuContext* ectx(ibv_context* c) { return reinterpret_cast<EmuContext*>(verbs_ge
 
 void report(const std::string& msg) { std::fprintf(stderr, "tbverbs-emu: %s\n", msg.c_str()); }
 
-bool is_tb(const EmuContext* c) { return c->fab->devices[c->dev].profile == Profile::Thunderbolt; }
+Profile profile_of(const EmuContext* c) { return c->fab->devices[c->dev].profile; }
+bool is_tb(const EmuContext* c) { return profile_of(c) == Profile::Thunderbolt; }
+const Limits& lim(const EmuContext* c) { return limits_of(profile_of(c)); }
+uint32_t quirk_of(const EmuContext* c, Quirk q) { return quirk(*c->fab, profile_of(c), q); }
 
 // Port number (1-based) of a context → global port index, or -1.
 int gport(const EmuContext* c, uint8_t port_num) { return c->fab->find_port(c->dev, port_num); }
@@ -54,17 +57,21 @@ void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
   bool active = port_active(f, gp);
   a->state = active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a->max_mtu = IBV_MTU_4096;
-  a->active_mtu = IBV_MTU_1024;
+  // TN3205 / [R] mlx PR #4191 output: active_mtu 4096 on Thunderbolt.
+  a->active_mtu = tb ? IBV_MTU_4096 : IBV_MTU_1024;
   a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
   a->port_cap_flags = 0;
-  a->max_msg_sz = tb ? kTbMaxDepth * kFrame : (1u << 30);  // one process_vm_writev call
+  a->max_msg_sz = static_cast<uint32_t>(lim(c).max_msg);
   a->pkey_tbl_len = 1;
-  a->lid = 0;
+  // [R] public fixtures: LIDs 1 and 2 on different ports. Ours: unique per port on the fabric.
+  a->lid = tb ? static_cast<uint16_t>(gp + 1) : 0;
   a->max_vl_num = 1;
   a->active_width = 2;   // 4X
   a->active_speed = 32;  // EDR-class lane speed; only informational
   a->phys_state = active ? 5 : 3;  // LinkUp / Disabled
-  a->link_layer = IBV_LINK_LAYER_ETHERNET;
+  // TN3205 / [R] devinfo dumps: link layer 100 ("Thunderbolt" on a Mac; Debian's ibv_devinfo
+  // prints "Unknown"). The RC profile is RoCE.
+  a->link_layer = tb ? 100 : IBV_LINK_LAYER_ETHERNET;
 }
 
 int query_port_op(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len) {
@@ -210,23 +217,25 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   if (int e = faulted(c, "ibv_query_device")) return e;
   bool tb = is_tb(c);
   const DeviceDef& d = c->fab->devices[c->dev];
+  const Limits& l = lim(c);
   std::memset(a, 0, sizeof *a);
   std::snprintf(a->fw_ver, sizeof a->fw_ver, "tbverbs-emu 1.0 (%s)", profile_name(d.profile));
   a->node_guid = d.guid;
   a->sys_image_guid = d.guid;
-  a->max_mr_size = 1ull << 40;
+  a->max_mr_size = l.max_mr_size;
   a->page_size_cap = 4096;
   a->vendor_id = tb ? 0x05ac : 0x02c9;  // Apple / Mellanox PCI vendor ids, informational
   a->vendor_part_id = 0xe111;
   a->hw_ver = 1;
-  a->max_qp = tb ? static_cast<int>(kTbMaxQpsPerDevice) : static_cast<int>(kMaxQps);
-  a->max_qp_wr = static_cast<int>(tb ? kTbMaxDepth : kRcMaxDepth);
+  a->max_qp = static_cast<int>(l.max_qp);
+  a->max_qp_wr = static_cast<int>(l.max_depth);
   a->device_cap_flags = tb ? 0 : IBV_DEVICE_RC_RNR_NAK_GEN;
-  a->max_sge = kMaxSge;
-  a->max_cq = kMaxCqs;
-  a->max_cqe = kCqRing - 1;
-  a->max_mr = tb ? 100 : static_cast<int>(kMaxMrs);
-  a->max_pd = 1024;
+  a->max_sge = static_cast<int>(l.max_sge);
+  a->max_cq = static_cast<int>(l.max_cq);
+  a->max_cqe = static_cast<int>(l.max_cqe);
+  a->max_mr = static_cast<int>(l.max_mr);
+  a->max_pd = static_cast<int>(l.max_pd);
+  a->max_srq = 0;
   a->max_qp_rd_atom = 0;
   a->max_qp_init_rd_atom = 0;
   a->atomic_cap = IBV_ATOMIC_NONE;
@@ -351,7 +360,24 @@ EMU_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
   Shared* s = c->fab->shm;
   {
     Guard g(s->lock);
+    // max_pd per device across processes, leaked PDs included (see limits_of).
+    if (count_pds(s, c->dev) >= lim(c).max_pd) {
+      collect_dead(s);
+      if (count_pds(s, c->dev) >= lim(c).max_pd) {
+        delete p;
+        errno = ENOMEM;
+        return nullptr;
+      }
+    }
+    int slot = find_free(s->pds, [](const ShmPd& x) { return x.in_use != 0; });
+    if (slot < 0) {
+      delete p;
+      errno = ENOMEM;
+      return nullptr;
+    }
     p->id = s->next_pd++;
+    p->slot = static_cast<uint32_t>(slot);
+    s->pds[slot] = ShmPd{1, getpid(), static_cast<uint32_t>(c->dev), p->id};
   }
   p->pd.context = context;
   p->pd.handle = p->id;
@@ -363,6 +389,12 @@ EMU_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   if (int e = faulted(ectx(pd->context), "ibv_dealloc_pd")) return e;
   auto* p = reinterpret_cast<EmuPd*>(pd);
   if (p->users.load() > 0) return EBUSY;  // MRs or QPs still use it
+  Shared* s = ectx(pd->context)->fab->shm;
+  {
+    Guard g(s->lock);
+    ShmPd& x = s->pds[p->slot];
+    if (x.in_use && x.id == p->id && x.pid == getpid()) x.in_use = 0;
+  }
   delete p;
   return 0;
 }
@@ -386,6 +418,28 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     errno = EINVAL;
     return nullptr;
   }
+  // [R] Anemll/MCDMA: max_mr_size 16,384,000 on Thunderbolt (EINVAL: our assumption).
+  // Alignment is not enforced (TN3205 asks for page-aligned buffers; the errno is unknown).
+  if (length > lim(c).max_mr_size) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  switch (quirk_of(c, Quirk::MrAccess)) {
+    case kMrAccessLocalWriteOnly:  // TN3205's advice taken as a rule
+      if (access & (remote | IBV_ACCESS_REMOTE_ATOMIC)) {
+        errno = EINVAL;
+        return nullptr;
+      }
+      break;
+    case kMrAccessRemoteRequired:  // [R] llama.cpp: LOCAL_WRITE-only registrations rejected
+      if (!(access & remote)) {
+        errno = EINVAL;
+        return nullptr;
+      }
+      break;
+    default: break;
+  }
   auto* m = new (std::nothrow) EmuMr{};
   if (!m) {
     errno = ENOMEM;
@@ -394,10 +448,18 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
   Shared* s = c->fab->shm;
   {
     Guard g(s->lock);
+    // max_mr per device across the processes of the host ([R] mlx#3162: a clean NULL
+    // at about the 100th; ENOMEM is our assumption).
+    auto mrs_here = [&] {
+      uint32_t n = 0;
+      for (const auto& x : s->mrs)
+        if (x.key && x.device == static_cast<uint32_t>(c->dev)) ++n;
+      return n;
+    };
     int slot = find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
-    if (slot < 0) {
+    if (slot < 0 || mrs_here() >= lim(c).max_mr) {
       collect_dead(s);
-      slot = find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
+      slot = mrs_here() >= lim(c).max_mr ? -1 : find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
     }
     if (slot < 0) {
       delete m;
@@ -461,6 +523,10 @@ EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
     errno = e;
     return nullptr;
   }
+  if (quirk_of(c, Quirk::CompletionChannels) == kChannelsOff) {
+    errno = EOPNOTSUPP;  // quirk completion_channels=off
+    return nullptr;
+  }
   auto* ch = new (std::nothrow) EmuChannel{};
   if (!ch) {
     errno = ENOMEM;
@@ -520,7 +586,7 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
     errno = e;
     return nullptr;
   }
-  if (cqe < 1 || cqe > static_cast<int>(kCqRing - 1) || comp_vector < 0 || comp_vector >= 1) {
+  if (cqe < 1 || cqe > static_cast<int>(lim(c).max_cqe) || comp_vector < 0 || comp_vector >= 1) {
     errno = EINVAL;
     return nullptr;
   }
@@ -532,10 +598,17 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
   Shared* s = c->fab->shm;
   {
     Guard g(s->lock);
+    // max_cq per device across processes ([R] devinfo dumps; ENOMEM is our assumption).
+    auto cqs_here = [&] {
+      uint32_t n = 0;
+      for (const auto& x : s->cqs)
+        if (x.in_use && x.device == static_cast<uint32_t>(c->dev)) ++n;
+      return n;
+    };
     int slot = find_free(s->cqs, [](const ShmCq& x) { return x.in_use != 0; });
-    if (slot < 0) {
+    if (slot < 0 || cqs_here() >= lim(c).max_cq) {
       collect_dead(s);
-      slot = find_free(s->cqs, [](const ShmCq& x) { return x.in_use != 0; });
+      slot = cqs_here() >= lim(c).max_cq ? -1 : find_free(s->cqs, [](const ShmCq& x) { return x.in_use != 0; });
     }
     if (slot < 0) {
       delete q;
@@ -545,6 +618,7 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
     ShmCq& x = s->cqs[slot];
     Guard g2(x.lock);
     x.pid = getpid();
+    x.device = static_cast<uint32_t>(c->dev);
     x.capacity = static_cast<uint32_t>(cqe);
     x.head = x.tail = 0;
     x.armed = 0;
@@ -558,6 +632,7 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
   }
   q->fab = c->fab;
   q->host = c->host;
+  q->dev = c->dev;
   q->cq.context = context;
   q->cq.channel = channel;
   q->cq.cq_context = cq_context;
@@ -669,17 +744,19 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     return nullptr;
   }
   ibv_qp_cap cap = init->cap;
-  if (cap.max_send_sge > kMaxSge || cap.max_recv_sge > kMaxSge) {
-    errno = EINVAL;
+  const Limits& l = lim(c);
+  if (cap.max_send_sge > l.max_sge || cap.max_recv_sge > l.max_sge) {
+    errno = EINVAL;  // [R] devinfo dumps: max_sge 1 on Thunderbolt
     return nullptr;
   }
   if (tb) {
-    // Depths are 4 KiB frames and the driver lowers what it cannot grant.
-    cap.max_send_wr = std::min(cap.max_send_wr, kTbMaxDepth);
-    cap.max_recv_wr = std::min(cap.max_recv_wr, kTbMaxDepth);
-    cap.max_inline_data = 0;
+    // TN3205: depths are 4 KiB frames and "the system may adjust queue depths";
+    // granted as tb_granted_depth() models it (read them back with ibv_query_qp).
+    cap.max_send_wr = tb_granted_depth(cap.max_send_wr);
+    cap.max_recv_wr = tb_granted_depth(cap.max_recv_wr);
+    cap.max_inline_data = l.max_inline;
   } else {
-    if (cap.max_send_wr > kRcMaxDepth || cap.max_recv_wr > kRcMaxDepth || cap.max_inline_data > kMaxInlineRc) {
+    if (cap.max_send_wr > l.max_depth || cap.max_recv_wr > l.max_depth || cap.max_inline_data > l.max_inline) {
       errno = EINVAL;
       return nullptr;
     }
@@ -697,10 +774,11 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     Guard g(s->lock);
     collect_dead(s);  // a dead process's QPs no longer count (the kernel would free them)
     if (tb) {
+      // TN3205, [R] mlx#4209: 10 UC QPs per device (max_qp says 11); the 11th → EBUSY.
       uint32_t used = 0;
       for (const auto& x : s->qps)
         if (x.in_use && x.device == static_cast<uint32_t>(c->dev)) ++used;
-      if (used >= kTbMaxQpsPerDevice) {
+      if (used >= l.usable_qps) {
         delete q;
         errno = EBUSY;
         return nullptr;
@@ -733,6 +811,8 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     x.max_recv_wr = cap.max_recv_wr;
     x.recv_frames = 0;
     x.head = x.tail = 0;
+    x.tx_frames = 0;
+    discard_waiting(x);
     // "Drop the next QP created on host X" faults bind here.
     for (auto& ft : s->faults)
       if (ft.kind == kFaultDropNext && (ft.host < 0 || ft.host == c->host)) {
@@ -777,10 +857,12 @@ EMU_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   forget_pending(q);
   {
     std::lock_guard<std::mutex> g0(q->mu);
+    forget_waiting_sends(q, false);  // its sends waiting at the peer are dropped
     Guard g(q->s->lock);
     __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
     q->s->state = IBV_QPS_RESET;
     q->s->head = q->s->tail = 0;
+    discard_waiting(*q->s);  // sends waiting for it never complete (no credits)
   }
   q->scq->users.fetch_sub(1);
   q->rcq->users.fetch_sub(1);
@@ -815,7 +897,22 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port) {
   ibv_gid sgid;
   bool have = gid_at(f, myport, ah.grh.sgid_index, &sgid);
   if (tb) {
-    if (!have || !gid_is_v4mapped(sgid)) return ENODATA;
+    // [R] public reports: RTR fails with ENODATA while the device's 11 protection
+    // domains are taken and some were leaked by orphaned processes (our model of
+    // that report: all max_pd in use, at least one leaked).
+    {
+      Guard g(f.shm->lock);
+      bool leaked = false;
+      if (count_pds(f.shm, q->ctx->dev, &leaked) >= lim(q->ctx).max_pd && leaked) return ENODATA;
+    }
+    if (!have || !gid_is_v4mapped(sgid)) {
+      // [R] mlx PR #3389: the IPv4-mapped GID sits at another index (e.g. 2) and RTR
+      // is routed from index 1 → EINVAL. No IPv4-mapped GID at all (a stale GID,
+      // section 1 row 15) → ENODATA.
+      ibv_gid v4;
+      bool elsewhere = gid_at(f, myport, f.ports[myport].ipv4_gid_index, &v4) && gid_is_v4mapped(v4);
+      return elsewhere ? EINVAL : ENODATA;
+    }
     int other = f.ports[myport].peer;
     ibv_gid pg;
     if (!port_active(f, myport) || other < 0 || !gid_is_v4mapped(ah.grh.dgid) || !gid_at(f, other, f.ports[other].ipv4_gid_index, &pg) ||
@@ -850,10 +947,12 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (next == IBV_QPS_RESET) {
     q->pending.clear();
     q->npending = 0;
+    forget_waiting_sends(q, false);
     Guard g(s->lock);
     s->state = IBV_QPS_RESET;
     s->head = s->tail = 0;
     s->recv_frames = 0;
+    discard_waiting(*s);
     s->peer_port = -1;
     q->attr.qp_state = IBV_QPS_RESET;
     qp->state = IBV_QPS_RESET;
@@ -916,6 +1015,8 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   q->attr.qp_state = static_cast<ibv_qp_state>(next);
   qp->state = static_cast<ibv_qp_state>(next);
   __atomic_store_n(&s->state, next, __ATOMIC_RELEASE);  // publish after the fields above
+  // empty_rq=wait: sends that arrived before RTR meet the receives posted in INIT.
+  if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) rx_drain(q);
   return 0;
 }
 

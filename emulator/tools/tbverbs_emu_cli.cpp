@@ -201,7 +201,19 @@ int main(int argc, char** argv) {
   auto* fsticky = fault->add_subcommand(
       "sticky-loss", "A UC send meeting no posted receive kills that direction for good (Apple, as reported)");
   fsticky->add_option("--host", fhost);
-  auto* fclear = fault->add_subcommand("clear", "Remove every fault");
+  int nleak = 0;
+  std::string lhost, ldev;
+  auto* fleak = fault->add_subcommand(
+      "leak-pds", "Protection domains leaked by orphaned processes (count against max_pd until reset; RTR ENODATA)");
+  fleak->add_option("host", lhost)->required();
+  fleak->add_option("device", ldev)->required();
+  fleak->add_option("n", nleak, "how many PDs")->required();
+  auto* fclear = fault->add_subcommand("clear", "Remove every fault (leaked PDs included)");
+
+  std::vector<std::string> quirk_args;
+  auto* quirk = app.add_subcommand(
+      "quirk", "Set quirks for every process on the fabric, e.g. quirk empty_rq=drop macos=26.2 (none: list them)");
+  quirk->add_option("assignments", quirk_args, "NAME=VALUE ...");
 
   std::string sig_s = "KILL";
   auto* killh = app.add_subcommand("kill-host", "Peer death: signal every process holding a QP on a host");
@@ -255,7 +267,18 @@ int main(int argc, char** argv) {
   }
   if (*fdelay) return check(tbemu_fault_delay(fab(), fhost.empty() ? nullptr : fhost.c_str(), usec));
   if (*fsticky) return check(tbemu_fault_sticky_loss(fab(), fhost.empty() ? nullptr : fhost.c_str()));
+  if (*fleak) return check(tbemu_fault_leak_pds(fab(), lhost.c_str(), ldev.c_str(), nleak));
   if (*fclear) return check(tbemu_fault_clear(fab()));
+  if (*quirk) {
+    std::string joined;
+    for (const auto& a : quirk_args) joined += (joined.empty() ? "" : ",") + a;
+    if (!joined.empty())
+      if (int rc = check(tbemu_set_quirks(fab(), joined.c_str()))) return rc;
+    const char* q = tbemu_quirks(fab());
+    if (!q) return check(EINVAL);
+    std::printf("%s\n", q);
+    return 0;
+  }
   if (*killh) {
     int sig = sig_s == "KILL" ? SIGKILL : sig_s == "TERM" ? SIGTERM : sig_s == "STOP" ? SIGSTOP
             : sig_s == "CONT" ? SIGCONT : std::atoi(sig_s.c_str());

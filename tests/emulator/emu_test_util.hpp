@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -114,10 +115,12 @@ struct Side {
     return create_qp(depth);
   }
   bool create_qp(uint32_t depth = 64) {
+    ibv_device_attr da{};
+    ibv_query_device(ctx, &da);
     ibv_qp_init_attr a{};
     a.send_cq = a.recv_cq = cq;
     a.cap.max_send_wr = a.cap.max_recv_wr = depth;
-    a.cap.max_send_sge = a.cap.max_recv_sge = 4;
+    a.cap.max_send_sge = a.cap.max_recv_sge = std::min(4, da.max_sge);  // Thunderbolt: 1
     a.qp_type = type;
     qp = ibv_create_qp(pd, &a);
     return qp != nullptr;

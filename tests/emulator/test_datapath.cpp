@@ -220,8 +220,9 @@ TEST_CASE("local key and length errors never touch memory outside a region", "[r
   }
 }
 
-TEST_CASE("UC loses a message silently when no receive is posted", "[uc][loss]") {
+TEST_CASE("UC loses a message silently when no receive is posted (quirk empty_rq=drop)", "[uc][loss]") {
   TempFabric f(three_hosts("thunderbolt"));
+  REQUIRE(tbemu_set_quirks(f.p(), "empty_rq=drop") == 0);
   Side a, b;
   REQUIRE(a.open("hostA", "rdma_en1"));
   REQUIRE(b.open("hostB", "rdma_en1"));
@@ -326,6 +327,7 @@ TEST_CASE("peer death: UC loses silently, RC reports RETRY_EXC_ERR", "[death]") 
 
 TEST_CASE("completion channel: a real fd woken by a sender in another process", "[channel]") {
   TempFabric f(three_hosts("thunderbolt"));
+  REQUIRE(tbemu_set_quirks(f.p(), "completion_channels=on") == 0);
   ibv_context* ctx = open_dev("hostB", "rdma_en1");
   REQUIRE(ctx);
   ibv_comp_channel* ch = ibv_create_comp_channel(ctx);

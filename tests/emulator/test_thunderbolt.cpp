@@ -14,7 +14,7 @@ TEST_CASE("tb: GID table is fe80 only until the port has an IPv4 address", "[tb]
   ibv_port_attr pa{};
   REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
   CHECK(pa.gid_tbl_len == 1024);
-  CHECK(pa.active_mtu == IBV_MTU_1024);
+  CHECK(pa.active_mtu == IBV_MTU_4096);
   CHECK(pa.state == IBV_PORT_ACTIVE);
   ibv_gid g0 = gid_of(ctx, 0), g1 = gid_of(ctx, 1), zero{};
   CHECK(g0.raw[0] == 0xfe);
@@ -99,32 +99,69 @@ TEST_CASE("tb: at most 10 QPs per device, counted across processes", "[tb][qp]")
   s.qp = nullptr;
 }
 
-TEST_CASE("tb: create_qp clamps depths to 4095 frames; post_recv beyond the frame budget gives ENOMEM",
+TEST_CASE("tb: depths are granted as 2^k-1 frames (at least 1023, at most 4095) and read back", "[tb][depth]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1"));
+  const std::pair<uint32_t, uint32_t> cases[] = {{0, 1023}, {32, 1023}, {256, 1023}, {1023, 1023},
+                                                 {1024, 2047}, {3000, 4095}, {10000, 4095}};
+  for (auto [req, want] : cases) {
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = s.cq;
+    a.cap.max_send_wr = a.cap.max_recv_wr = req;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    a.qp_type = IBV_QPT_UC;
+    ibv_qp* q = ibv_create_qp(s.pd, &a);
+    REQUIRE(q);
+    CHECK(a.cap.max_recv_wr == want);  // the create_qp read-back
+    CHECK(a.cap.max_send_wr == want);
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    REQUIRE(ibv_query_qp(q, &qa, IBV_QP_CAP, &qi) == 0);
+    CHECK(qi.cap.max_recv_wr == want);
+    CHECK(qa.cap.max_send_wr == want);
+    ibv_destroy_qp(q);
+  }
+}
+
+TEST_CASE("tb: a depth-256 QP (granted 1023 frames) refuses the 64th posted 64 KiB receive with ENOMEM (hellas#35)",
           "[tb][depth]") {
   TempFabric f(three_hosts("thunderbolt"));
   Side s;
-  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_UC, 1 << 16, 5));
-  ibv_qp_init_attr big{};
-  big.send_cq = big.recv_cq = s.cq;
-  big.cap.max_send_wr = big.cap.max_recv_wr = 10000;
-  big.cap.max_send_sge = big.cap.max_recv_sge = 1;
-  big.qp_type = IBV_QPT_UC;
-  ibv_qp* q = ibv_create_qp(s.pd, &big);
-  REQUIRE(q);
-  CHECK(big.cap.max_recv_wr == 4095);
-  ibv_qp_attr qa{};
-  ibv_qp_init_attr qi{};
-  REQUIRE(ibv_query_qp(q, &qa, IBV_QP_CAP, &qi) == 0);
-  CHECK(qi.cap.max_send_wr == 4095);
-  ibv_destroy_qp(q);
-
+  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_UC, 64 << 10, 256));
   REQUIRE(to_init(s.qp) == 0);
-  // Depth 5 frames: two 8 KiB receives (2 frames each) fit, a third does not; a 4 KiB one does.
-  CHECK(post_recv(s, 1, 0, 8192) == 0);
-  CHECK(post_recv(s, 2, 8192, 8192) == 0);
-  CHECK(post_recv(s, 3, 16384, 8192) == ENOMEM);
-  CHECK(post_recv(s, 4, 16384, 4096) == 0);
-  CHECK(post_recv(s, 5, 20480, 100) == ENOMEM);
+  int first_failure = -1, ret = 0;
+  for (int i = 0; i < 256; ++i)
+    if ((ret = post_recv(s, static_cast<uint64_t>(i), 0, 64 << 10)) != 0) {
+      first_failure = i;
+      break;
+    }
+  CHECK(first_failure == 63);  // the field: post_recv[63/256] ret=-12
+  CHECK(ret == ENOMEM);
+  // 1008 frames are taken: a 15-frame receive still fits, then nothing does.
+  CHECK(post_recv(s, 999, 0, 15 * 4096) == 0);
+  CHECK(post_recv(s, 1000, 0, 100) == ENOMEM);
+}
+
+TEST_CASE("tb: a depth-32 QP takes two 512 KiB receives and two 512 KiB sends (macOS 26.3)", "[tb][depth]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_UC, 1 << 20, 32));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_UC, 1 << 20, 32));
+  REQUIRE(connect_pair(a, b));
+  for (size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = static_cast<char>(i * 7 + 3);
+  REQUIRE(post_recv(b, 1, 0, 512 << 10) == 0);
+  REQUIRE(post_recv(b, 2, 512 << 10, 512 << 10) == 0);
+  REQUIRE(post_send(a, 11, 0, 512 << 10) == 0);
+  REQUIRE(post_send(a, 12, 512 << 10, 512 << 10) == 0);
+  ibv_wc wc{};
+  for (uint64_t id : {1, 2}) {
+    REQUIRE(poll_one(b.cq, &wc, 10000));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(wc.wr_id == id);
+    CHECK(wc.byte_len == 512u << 10);
+  }
+  CHECK(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()) == 0);
 }
 
 TEST_CASE("tb: SEND/RECV works; RDMA WRITE completes but moves nothing; send with immediate is refused",
@@ -210,8 +247,8 @@ TEST_CASE("tb: RTR fails as the field saw it", "[tb][rtr]") {
   ibv_gid zero{};
   SECTION("unset dgid: EINVAL") { CHECK(to_rtr(a.qp, b.qp->qp_num, zero, 1) == EINVAL); }
   SECTION("no GRH: EINVAL") { CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1, false) == EINVAL); }
-  SECTION("sgid index not IPv4-mapped: ENODATA") {
-    CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 0) == ENODATA);
+  SECTION("sgid index not the IPv4-mapped entry (fe80 at 0, ::ffff: at 1): EINVAL") {
+    CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 0) == EINVAL);
   }
   SECTION("source without IPv4 (index 1 empty): ENODATA") {
     REQUIRE(tbemu_clear_ipv4(f.p(), "hostA", "rdma_en1", 1) == 0);
@@ -226,7 +263,7 @@ TEST_CASE("tb: RTR fails as the field saw it", "[tb][rtr]") {
   SECTION("the right GID works") { CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 1), 1) == 0); }
 }
 
-TEST_CASE("tb: ipv4_gid_index moves the IPv4-mapped GID (e.g. to index 2); index 1 is then fe80 → ENODATA",
+TEST_CASE("tb: ipv4_gid_index moves the IPv4-mapped GID (e.g. to index 2); RTR from index 1 is EINVAL (mlx PR #3389)",
           "[tb][gid]") {
   TempFabric f(R"({"hosts": [
       {"name": "hostA", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.1/30", "ipv4_gid_index": 2}]}]},
@@ -239,6 +276,6 @@ TEST_CASE("tb: ipv4_gid_index moves the IPv4-mapped GID (e.g. to index 2); index
   CHECK(g1.raw[0] == 0xfe);
   CHECK(std::memcmp(&g2, &want, sizeof want) == 0);
   REQUIRE(to_init(a.qp) == 0);
-  CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 2), 1) == ENODATA);  // hard-coded index 1
+  CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 2), 1) == EINVAL);  // hard-coded index 1
   CHECK(to_rtr(a.qp, b.qp->qp_num, gid_of(b.ctx, 2), 2) == 0);
 }

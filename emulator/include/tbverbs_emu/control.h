@@ -19,7 +19,7 @@ extern "C" {
 const char* tbemu_last_error(void);
 
 /* Forgets all run-time state: ports and addresses return to the fabric file's,
- * faults are cleared. Only call while no process uses the fabric. */
+ * quirks to the file's, faults (leaked PDs too) are cleared. Only call while no process uses the fabric. */
 int tbemu_reset(const char* fabric);
 
 /* IPv4 address of a port, "a.b.c.d/prefix"; it appears as GID ::ffff:a.b.c.d at index 1. */
@@ -52,7 +52,20 @@ int tbemu_fault_sticky_loss(const char* fabric, const char* host);
  * `host`; returns 0 and sets *killed (may be NULL) to how many were signalled. */
 int tbemu_kill_host(const char* fabric, const char* host, int sig, int* killed);
 
-/* Removes every injected fault (drop flags on existing QPs included). */
+/* Protection domains leaked by orphaned processes (Apple: freed only by a reboot):
+ * `n` PDs on host:device that belong to nobody and count against the device's
+ * max_pd until tbemu_fault_clear or tbemu_reset. While every PD of the device is
+ * taken and some are leaked, RTR on that device fails with ENODATA. ENOSPC if
+ * fewer than `n` PDs are free. */
+int tbemu_fault_leak_pds(const char* fabric, const char* host, const char* device, int n);
+
+/* Sets quirks for every process on the fabric: "name=value[,name=value...]", e.g.
+ * "empty_rq=drop,macos=26.2". EINVAL (see tbemu_last_error) for unknown names or values. */
+int tbemu_set_quirks(const char* fabric, const char* assignments);
+/* The live quirks, "empty_rq=wait macos=26.3 ..."; valid until the next call in this thread. */
+const char* tbemu_quirks(const char* fabric);
+
+/* Removes every injected fault (drop flags on existing QPs and leaked PDs included). */
 int tbemu_fault_clear(const char* fabric);
 
 /* Human-readable snapshot of the fabric: ports (state, address, GIDs), live QPs,
