@@ -225,8 +225,10 @@ private:
 /// A connected, verified queue pair to one peer rank, with its own completion queue.
 ///
 /// After connect_links() nothing is posted on it and its CQ is empty. Post receives, then call
-/// receives_posted() (both sides) before the first send: on Apple's driver a send that meets an
-/// empty receive queue kills that direction for good (field-failures row 17). Move-only.
+/// receives_posted() (both sides) before the first send: what a send that meets an empty receive
+/// queue does on Apple's driver is contested (held by credit-based flow control per TN3205 and
+/// llama.cpp; the direction killed for good per ds4, field-failures row 17), so code that works
+/// under every reading never lets it happen. Send no message above max_message_bytes(). Move-only.
 class Link {
 public:
   /// The peer's rank.
