@@ -1,9 +1,11 @@
 // devices: what does tbverbs see on this machine, and which GID would it use?
 //
-// Lists every RDMA device the verbs library reports, each port (state, MTU, link layer, LID,
-// GID table length), the populated entries of each port's GID table (IPv4-mapped and link-local
-// entries marked), and the GID tbverbs would select for a queue pair, with the reason. When it
-// cannot select one, it prints the error with its diagnosis (cause and remedy) instead.
+// Lists every RDMA device the verbs library reports, its limits (with the QP budget a job may
+// plan with: 10 on Apple whatever max_qp says), how completion waits will wait (on Apple they
+// poll: TN3205, "the caller must poll"), each port (state, MTU, link layer, LID, GID table
+// length), the populated entries of each port's GID table (IPv4-mapped and link-local entries
+// marked), and the GID tbverbs would select for a queue pair, with the reason. When it cannot
+// select one, it prints the error with its diagnosis (cause and remedy) instead.
 //
 //   devices [--library PATH] [--device NAME] [--json]
 //
@@ -73,10 +75,12 @@ struct PortReport {
 
 struct DeviceReport {
   std::string name;
-  std::uint64_t guid = 0;
+  std::optional<std::uint64_t> guid;  // empty: the library does not export ibv_get_device_guid
   tbverbs::Platform platform = tbverbs::Platform::any;
   std::optional<ErrorReport> open_error;
   std::optional<tbverbs::DeviceAttributes> limits;
+  int usable_qps = 0;             // tbverbs::usable_qps(): the QP budget
+  std::string completions;        // how CompletionQueue::wait waits on this device
   std::vector<PortReport> ports;
 };
 
@@ -95,19 +99,31 @@ std::string_view platform_text(tbverbs::Platform p) {
   return "unknown";
 }
 
-std::string_view link_layer_text(tbverbs::LinkLayer l) {
-  switch (l) {
-  case tbverbs::LinkLayer::infiniband: return "InfiniBand";
-  case tbverbs::LinkLayer::ethernet: return "Ethernet";
-  case tbverbs::LinkLayer::unspecified: break;
-  }
-  return "unspecified";
+// "Thunderbolt (100)", "Ethernet (2)": name and number, as ibv_devinfo prints the transport.
+std::string link_layer_text(tbverbs::LinkLayer l) {
+  return std::string(tbverbs::link_layer_name(l)) + " (" + std::to_string(static_cast<int>(l)) + ")";
 }
 
-std::string hex64(std::uint64_t v) {
+std::string hex64(std::optional<std::uint64_t> v) {
+  if (!v) return "n/a";
   char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(*v));
   return buf;
+}
+
+// How a default CQ waits on this device. Never fails the example: a device without completion
+// channels (Apple's driver) polls, and the CQ says why when a channel was wanted and refused.
+std::string completion_text(const tbverbs::Context& ctx) {
+  auto cq = ctx.create_cq(16);
+  if (!cq) return "no CQ: " + cq.error().message().substr(0, cq.error().message().find('\n'));
+  if (cq->has_channel()) return "waits sleep on a completion channel";
+  std::string s = ctx.platform() == tbverbs::Platform::apple ? "waits poll (TN3205: the caller must poll)"
+                                                              : "waits poll";
+  if (const auto& note = cq->channel_note()) {
+    const std::string m = note->message();
+    s += "; " + m.substr(0, m.find('\n'));
+  }
+  return s;
 }
 
 // Everything about one port: attributes, the GID table snapshot and the selection.
@@ -166,8 +182,10 @@ DeviceReport inspect_device(const tbverbs::Library& lib, const tbverbs::Device& 
   int ports = 1;
   if (auto attr = ctx->query_device()) {
     d.limits = *attr;
+    d.usable_qps = tbverbs::usable_qps(*attr, ctx->platform());
     if (attr->phys_port_cnt > 0) ports = attr->phys_port_cnt;
   }
+  d.completions = completion_text(*ctx);
   for (int p = 1; p <= ports && p <= 255; ++p) d.ports.push_back(inspect_port(*ctx, static_cast<std::uint8_t>(p)));
   return d;
 }
@@ -197,8 +215,11 @@ void print_text(std::ostream& out, const std::string& library, tbverbs::Platform
       continue;
     }
     if (d.limits)
-      out << "  limits: " << d.limits->max_qp << " QPs, " << d.limits->max_mr << " memory regions, "
-          << d.limits->max_qp_wr << " work requests per queue, " << d.limits->max_cqe << " CQ entries\n";
+      out << "  limits: " << d.usable_qps << " usable QPs (max_qp " << d.limits->max_qp << "), " << d.limits->max_mr
+          << " memory regions of at most " << d.limits->max_mr_size << " bytes, " << d.limits->max_qp_wr
+          << " work requests per queue, " << d.limits->max_sge << " SGEs per request, " << d.limits->max_cqe
+          << " CQ entries\n";
+    out << "  completions: " << d.completions << '\n';
     out << "  recipe: " << recipe_text(d.platform) << '\n';
     for (const PortReport& p : d.ports) {
       out << "  port " << p.port << ":";
@@ -246,8 +267,11 @@ nlohmann::json to_json(const std::string& library, tbverbs::Platform lib_platfor
     if (d.open_error) jd["error"] = to_json(*d.open_error);
     jd["recipe"] = recipe_text(d.platform);
     if (d.limits)
-      jd["limits"] = {{"max_qp", d.limits->max_qp}, {"max_mr", d.limits->max_mr}, {"max_qp_wr", d.limits->max_qp_wr},
-                      {"max_cqe", d.limits->max_cqe}, {"max_mr_size", d.limits->max_mr_size}};
+      jd["limits"] = {{"max_qp", d.limits->max_qp},       {"usable_qps", d.usable_qps},
+                      {"max_mr", d.limits->max_mr},       {"max_qp_wr", d.limits->max_qp_wr},
+                      {"max_sge", d.limits->max_sge},     {"max_cqe", d.limits->max_cqe},
+                      {"max_mr_size", d.limits->max_mr_size}};
+    jd["completions"] = d.completions;
     jd["ports"] = nlohmann::json::array();
     for (const PortReport& p : d.ports) {
       nlohmann::json jp{{"port", p.port}, {"usable", p.usable()}};

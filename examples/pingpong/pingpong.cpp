@@ -17,6 +17,12 @@
 //     options: --size BYTES (latency message, default 64)
 //              --bw-size BYTES (bandwidth message, default 16384)
 //              --iters N (default 1000)  --timeout SECONDS (every wait, default 10)
+//              --events (ask for a completion channel so waits sleep on it; where the driver
+//                        refuses one, as Apple's may, the wait polls and says so once)
+//
+// Completion waits poll by default on Apple's driver (TN3205: "all queue pair operations are
+// non-blocking and the caller must poll"): a short spin, then yields, then sleeps of at most
+// 1 ms, never past the deadline. On rdma-core they sleep on a completion channel.
 //
 // --local needs no hardware: it writes a two-host emulated fabric (emulator/), starts the
 // server and the client as two child processes on it, and reports both.
@@ -76,6 +82,7 @@ struct Options {
   std::size_t bw_size = 16384;    // bandwidth message size (ds4 found larger ones undelivered on Apple's driver)
   int iters = 1000;
   int timeout_s = 10;
+  bool events = false;            // --events: ask for a completion channel (CqWait::channel)
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -375,7 +382,22 @@ int run(Options o, bool server, int sock) {
 
   // 5. One completion queue for sends and receives, big enough for everything that can be
   //    outstanding at once (an overrun loses completions, and the poll loop then waits for ever).
-  tbverbs::CompletionQueue cq = check(ctx.create_cq(static_cast<int>(2 * (kMaxDepth + kMaxAckSlots) + 8)));
+  //    How its waits wait: by default they poll on Apple and sleep on a completion channel
+  //    elsewhere; --events asks for a channel everywhere. A channel the driver refuses is not an
+  //    error: the CQ polls, the library prints one note, and the CQ keeps the reason.
+  tbverbs::CompletionQueue cq = check(ctx.create_cq(static_cast<int>(2 * (kMaxDepth + kMaxAckSlots) + 8),
+                                                    o.events ? tbverbs::CqWait::channel : tbverbs::CqWait::automatic));
+  if (cq.has_channel()) {
+    say("completions: waits sleep on a completion channel");
+  } else {
+    std::string why;
+    if (const auto& note = cq.channel_note()) {
+      const std::string m = note->message();
+      why = " (no completion channel: " + m.substr(0, m.find('\n')) + ")";
+    }
+    if (why.empty() && ctx.platform() == tbverbs::Platform::apple) why = " (Apple's driver: the caller must poll, TN3205)";
+    say("completions: waits poll" + why);
+  }
 
   // 6. Create the QP. Its endpoint (QP number, PSN, GID) is what the peer needs to connect.
   tbverbs::PreparedQueuePair prepared = check(recipe.prepare(pd, cq));
@@ -656,7 +678,8 @@ int run_local(Options o) {
 int usage(const char* argv0, int status) {
   std::fprintf(status ? stderr : stdout,
                "usage: %s --server [--port P] | --connect HOST:PORT | --local [--profile thunderbolt|rdma-core-rc]\n"
-               "       [--device NAME] [--library PATH] [--size BYTES] [--bw-size BYTES] [--iters N] [--timeout S]\n",
+               "       [--device NAME] [--library PATH] [--size BYTES] [--bw-size BYTES] [--iters N] [--timeout S]\n"
+               "       [--events]\n",
                argv0);
   return status;
 }
@@ -700,6 +723,7 @@ int main(int argc, char** argv) {
     else if (arg == "--bw-size") o.bw_size = static_cast<std::size_t>(number());
     else if (arg == "--iters") o.iters = static_cast<int>(number());
     else if (arg == "--timeout") o.timeout_s = static_cast<int>(number());
+    else if (arg == "--events") o.events = true;
     else if (arg == "-h" || arg == "--help") return usage(argv[0], 0);
     else {
       std::fprintf(stderr, "unknown argument: %s\n", argv[i]);

@@ -1,8 +1,11 @@
 // tbverbs-doctor: preflight checks before a verbs job, one remedy per problem.
 //
 // Walks the same steps a job takes (load the library, list devices, open each, query ports,
-// read the GID table, select a GID, allocate a PD, count the QP and MR budget) and stops at
-// nothing: every problem found is reported with the diagnosis catalogue's cause and remedy.
+// read the GID table, select a GID, allocate a PD, count the QP and MR budget, see how completion
+// waits will wait) and stops at nothing: every problem found is reported with the diagnosis
+// catalogue's cause and remedy. Completion channels are not a requirement: where they are
+// refused (Apple's driver: TN3205, "the caller must poll") the check passes and says that waits
+// poll.
 // Exit status: 0 when every checked port can carry a connection, 1 when something is wrong,
 // 2 on a usage error. `--json` prints the same findings for a bug report.
 #include <tbverbs/tbverbs.hpp>
@@ -29,6 +32,8 @@ struct Finding {
   std::string remedy;  // for a problem: what to do
 };
 
+std::string first_line(const std::string& m) { return m.substr(0, m.find('\n')); }
+
 struct Report {
   std::vector<Finding> findings;
   void pass(std::string check, std::string detail) { findings.push_back({std::move(check), true, std::move(detail), {}, {}}); }
@@ -49,22 +54,55 @@ struct Report {
   }
 };
 
+// How CompletionQueue::wait will wait on this device, and whether completion channels work when
+// asked for explicitly. Never a problem: without channels, waits poll (the library falls back).
+void check_completions(Report& report, const Context& ctx, const std::string& dev) {
+  auto cq = ctx.create_cq(16); // what a job gets by default
+  if (!cq) return report.problem("completion queue " + dev, cq.error());
+  std::string how = cq->has_channel() ? "waits sleep on a completion channel"
+                                      : (ctx.platform() == Platform::apple
+                                             ? "waits poll (Apple: TN3205, the caller must poll)"
+                                             : "waits poll");
+  if (cq->channel_note()) how += "; " + first_line(cq->channel_note()->message());
+  report.pass("completion queue " + dev, how);
+  auto probe = ctx.create_cq(16, CqWait::channel);
+  if (!probe) return report.problem("completion channels " + dev, probe.error());
+  if (probe->has_channel())
+    report.pass("completion channels " + dev, "supported (ibv_create_comp_channel and ibv_req_notify_cq work)");
+  else
+    report.pass("completion channels " + dev,
+                "not available: " + first_line(probe->channel_note() ? probe->channel_note()->message() : "") +
+                    "; tbverbs polls instead");
+}
+
 void check_device(Report& report, const Library& lib, const Device& device, int qp_need) {
   const std::string dev(device.name());
   auto ctx = Context::open(lib, device);
   if (!ctx) return report.problem("open " + dev, ctx.error());
   auto attrs = ctx->query_device();
   if (!attrs) return report.problem("query " + dev, attrs.error());
+  const int usable = usable_qps(*attrs, ctx->platform());
   report.pass("device " + dev,
               std::string(ctx->platform() == Platform::apple ? "Apple Thunderbolt" : "rdma-core") + ", " +
-                  std::to_string(attrs->phys_port_cnt) + " port(s), max " + std::to_string(attrs->max_qp) +
-                  " QPs, " + std::to_string(attrs->max_mr) + " MRs, " + std::to_string(attrs->max_cqe) + " CQ entries");
-  if (qp_need > 0 && attrs->max_qp > 0 && qp_need > attrs->max_qp) {
+                  std::to_string(attrs->phys_port_cnt) + " port(s), max_qp " + std::to_string(attrs->max_qp) +
+                  ", " + std::to_string(attrs->max_mr) + " MRs of at most " + std::to_string(attrs->max_mr_size) +
+                  " bytes, " + std::to_string(attrs->max_cqe) + " CQ entries, max_sge " +
+                  std::to_string(attrs->max_sge));
+  // The budget a job may plan with: 10 on Apple whatever max_qp says (TN3205; Macs report 11).
+  if (qp_need > 0 && usable > 0 && qp_need > usable) {
     Error e = Error::make(Step::create_qp, ErrorKind::capacity,
                           "the job needs " + std::to_string(qp_need) + " QPs on this device, the device allows " +
-                              std::to_string(attrs->max_qp));
+                              std::to_string(usable));
     report.problem("QP budget " + dev, e.on(dev).from(ctx->platform()));
+  } else {
+    std::string d = std::to_string(usable) + " usable QPs";
+    if (ctx->platform() == Platform::apple && attrs->max_qp != usable)
+      d += " (max_qp reports " + std::to_string(attrs->max_qp) + "; Apple's driver allows " +
+           std::to_string(apple_usable_qps) + " per device, TN3205)";
+    if (qp_need > 0) d += "; the job needs " + std::to_string(qp_need);
+    report.pass("QP budget " + dev, d);
   }
+  check_completions(report, *ctx, dev);
   const int ports = attrs->phys_port_cnt > 0 ? attrs->phys_port_cnt : 1;
   for (int p = 1; p <= ports; ++p) {
     const std::string where = dev + ":" + std::to_string(p);
@@ -73,9 +111,11 @@ void check_device(Report& report, const Library& lib, const Device& device, int 
       report.problem("port " + where + " state", port.error());
       continue;
     }
-    report.pass("port " + where + " state", std::string(port_state_name(port->state)) + ", active MTU " +
-                                               std::to_string(mtu_bytes(port->active_mtu)) + ", GID table " +
-                                               std::to_string(port->gid_table_length));
+    report.pass("port " + where + " state", std::string(port_state_name(port->state)) + ", link layer " +
+                                               std::string(link_layer_name(port->link_layer)) + " (" +
+                                               std::to_string(static_cast<int>(port->link_layer)) +
+                                               "), active MTU " + std::to_string(mtu_bytes(port->active_mtu)) +
+                                               ", GID table " + std::to_string(port->gid_table_length));
     auto table = ctx->gid_table(static_cast<std::uint8_t>(p));
     if (!table) {
       report.problem("GID table " + where, table.error());
@@ -107,6 +147,8 @@ int main(int argc, char** argv) {
   app.add_option("--qps", qp_need, "QPs the job will create per device (checked against the device's cap)");
   app.add_flag("--json", as_json, "print the findings as JSON (for bug reports)");
   CLI11_PARSE(app, argc, argv);
+  // The doctor reports channel fallbacks as findings; the library's stderr notice would repeat them.
+  set_notice_handler(nullptr);
 
   Report report;
   auto lib = Library::load(library);
