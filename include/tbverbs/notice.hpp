@@ -62,6 +62,7 @@ struct NoticeState {
   std::atomic<NoticeHandler> handler{&print_notice};
   std::atomic<bool> given[notice_count] = {};
 };
+/// The one NoticeState of the process.
 inline NoticeState& notice_state() noexcept {
   static NoticeState s;
   return s;
