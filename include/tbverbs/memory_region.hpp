@@ -21,7 +21,8 @@
 TBVERBS_NAMESPACE_BEGIN
 
 /// A zeroed, page-aligned buffer whose length is a whole number of pages. Apple's driver needs
-/// page-aligned registrations (IOMMU), and one large slab beats many small MRs (its ~100 MR cap).
+/// page-aligned registrations (IOMMU). A buffer above the device's max_mr_size (16,384,000 bytes on
+/// Thunderbolt) is registered as a MemoryRegionSet.
 class AlignedBuffer {
 public:
   /// Allocates at least `bytes` (rounded up to the page size). Fails with ENOMEM at Step::reg_mr.

@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "detail/abi.hpp"
 #include "detail/handle.hpp"
+#include "diagnosis.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
 #include "result.hpp"
@@ -28,13 +29,7 @@ public:
     const detail::VerbsApi& api = *info_->api;
     errno = 0;
     abi::ibv_mr* mr = api.reg_mr(pd_.get(), memory.data(), memory.size(), static_cast<int>(access));
-    if (mr == nullptr) {
-      Error e = Error::from_errno(Step::reg_mr);
-      info_->stamp(e);
-      e.with_detail(std::to_string(memory.size()) + " bytes; " +
-                    std::to_string(info_->memory_regions.load()) + " regions already registered on this device");
-      return fail(e);
-    }
+    if (mr == nullptr) return fail(reg_mr_failed(memory.size(), access));
     auto parent = detail::counted_parent(info_, &detail::ContextInfo::memory_regions, pd_.keep_alive());
     return MemoryRegion(detail::Owned<abi::ibv_mr>(mr, api.dereg_mr, std::move(parent)), info_, access);
   }
@@ -82,6 +77,24 @@ public:
 
 private:
   friend class Context;
+  // The error of a refused registration, with the facts the diagnosis catalogue keys on: a length
+  // above the device's max_mr_size (16,384,000 bytes on Thunderbolt), or, for EINVAL within it,
+  // the access flags (Apple's readings differ on which sets it takes).
+  [[gnu::cold]] Error reg_mr_failed(std::size_t bytes, Access access) const {
+    Error e = Error::from_errno(Step::reg_mr);
+    info_->stamp(e);
+    std::string d = std::to_string(bytes) + " bytes";
+    abi::ibv_device_attr a{};
+    const bool known = info_->api->query_device(pd_.get()->context, &a) == 0 && a.max_mr_size != 0;
+    if (known && bytes > a.max_mr_size)
+      d += " " + std::string(fact::exceeds_max_mr_size) + " (" + std::to_string(a.max_mr_size) + ")";
+    else if (known && e.is(EINVAL))
+      d += " within max_mr_size (" + std::to_string(a.max_mr_size) + "): " + std::string(fact::access_refused) +
+           "? (access " + std::to_string(static_cast<int>(access)) + ")";
+    d += "; " + std::to_string(info_->memory_regions.load()) + " regions already registered on this device";
+    return e.with_detail(d);
+  }
+
   ProtectionDomain(detail::Owned<abi::ibv_pd> pd, std::shared_ptr<detail::ContextInfo> info)
       : pd_(std::move(pd)), info_(std::move(info)) {}
   detail::Owned<abi::ibv_pd> pd_;
