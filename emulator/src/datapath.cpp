@@ -483,6 +483,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
   Outcome o = deliver(s, m, e, pv.pid, pv.qpn, tb);
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
+    if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
     complete_send(q, op, IBV_WC_SUCCESS);
     return Tx::Done;
   }
