@@ -5,13 +5,16 @@
 //
 // Under empty_rq=wait (Apple's credit-based flow control) it must complete with the
 // data verified on both sides every time; under drop and kill it must report the
-// missing completions before its deadline, never hang. --skew-ms makes rank 1 slow
-// to post its receives, so rank 0's sends meet an empty receive queue every time
-// (the race that real jitter makes happen sometimes).
+// missing completions before its deadline, never hang. --late-rank1 1 makes rank 1
+// post its first receives only after rank 0 has posted its sends (plus --skew-ms),
+// so rank 0's sends meet an empty receive queue every time: the race that real
+// jitter makes happen sometimes, made deterministic (the test harness's doing, not
+// a handshake of the collective).
 //
-// usage: tbverbs_emu_collective [--rounds N] [--skew-ms MS] [--deadline-ms MS]
+// usage: tbverbs_emu_collective [--rounds N] [--skew-ms MS] [--deadline-ms MS] [--late-rank1 0|1]
 // The fabric is private (a temporary file); quirks come from TBVERBS_EMU_QUIRKS.
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +40,8 @@ struct Opts {
   int rounds = 3;
   int skew_ms = 300;
   int deadline_ms = 30000;
+  bool late_rank1 = true;
+  int sent_w = -1, sent_r = -1;  // rank 0 → rank 1: "my round-0 sends are posted"
 };
 
 char pattern(int rank, int round, int msg, uint32_t i) { return static_cast<char>(rank * 67 + round * 13 + msg * 5 + i * 7); }
@@ -64,7 +69,15 @@ int run_rank(int rank, const Opts& o, int wfd, int rfd) {
     return 1;
   }
   for (int round = 0; round < o.rounds; ++round) {
-    if (rank == 1 && round == 0 && o.skew_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.skew_ms));
+    if (rank == 1 && round == 0) {
+      if (o.late_rank1) {
+        pollfd p{o.sent_r, POLLIN, 0};
+        char c;
+        if (poll(&p, 1, 10000) != 1 || read(o.sent_r, &c, 1) != 1)
+          std::fprintf(stderr, "rank 1: rank 0 did not post its sends within 10 s; going on\n");
+      }
+      if (o.skew_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.skew_ms));
+    }
     for (int m = 0; m < kMsgs; ++m) {
       for (uint32_t i = 0; i < kMsg; ++i) s.buf[(2 + m) * size_t(kMsg) + i] = pattern(rank, round, m, i);
       std::memset(s.buf.data() + m * size_t(kMsg), 0, kMsg);
@@ -80,6 +93,7 @@ int run_rank(int rank, const Opts& o, int wfd, int rfd) {
         std::fprintf(stderr, "rank %d: round %d: post_send[%d] failed: %s\n", rank, round, m, std::strerror(e));
         return 1;
       }
+    if (rank == 0 && round == 0 && o.late_rank1 && write(o.sent_w, "s", 1) != 1) return 1;
     bool recv_done[kMsgs] = {}, send_done[kMsgs] = {};
     int nrecv = 0, nsend = 0;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.deadline_ms);
@@ -135,6 +149,7 @@ int main(int argc, char** argv) {
     if (a == "--rounds") o.rounds = v;
     else if (a == "--skew-ms") o.skew_ms = v;
     else if (a == "--deadline-ms") o.deadline_ms = v;
+    else if (a == "--late-rank1") o.late_rank1 = v != 0;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -147,8 +162,10 @@ int main(int argc, char** argv) {
   }
   std::printf("quirks: %s\n", tbemu_quirks(f.p()));
   std::fflush(stdout);
-  int p01[2], p10[2];
-  if (pipe(p01) != 0 || pipe(p10) != 0) return 2;
+  int p01[2], p10[2], psent[2];
+  if (pipe(p01) != 0 || pipe(p10) != 0 || pipe(psent) != 0) return 2;
+  o.sent_w = psent[1];
+  o.sent_r = psent[0];
   pid_t pids[2];
   for (int rank = 0; rank < 2; ++rank) {
     pids[rank] = fork();
