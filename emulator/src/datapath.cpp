@@ -5,6 +5,12 @@
 // memory, takes the peer's next posted receive, checks the receive (or the rkey)
 // and copies the payload straight into the peer's address space. Nothing is ever
 // written outside a region that passed the key, bounds and access checks.
+//
+// Thunderbolt, empty_rq=wait (credit-based flow control): a send that finds no
+// receive is queued in the receiver's ShmQp (WaitEntry) and the receiver moves it
+// in ibv_post_recv (rx_drain), reading the sender's region with process_vm_readv.
+// Both sides decide under the receiver's QP lock, so whoever comes second moves
+// the data and order is kept.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>

@@ -7,7 +7,9 @@
 // whole transfer itself: it takes the peer's next posted receive, checks keys and
 // bounds, copies into the peer's memory (process_vm_writev, or memcpy inside one
 // process), appends the completion to the peer's CQ and wakes its completion
-// channel (a FIFO in the state directory). No progress thread is needed.
+// channel (a FIFO in the state directory). No progress thread is needed: under
+// the Thunderbolt quirk empty_rq=wait a send that finds no receive waits in the
+// receiver's QP and the receiver's ibv_post_recv moves it (see WaitEntry).
 #pragma once
 
 #include <infiniband/verbs.h>

@@ -43,9 +43,10 @@ int tbemu_fault_drop_next_qp(const char* fabric, const char* host);
 /* Delay delivery of every send posted on `host` (NULL = any) by `usec` microseconds. */
 int tbemu_fault_delay(const char* fabric, const char* host, uint32_t usec);
 
-/* Apple's driver as ds4 reported it: a UC send that meets an empty receive queue
- * is lost and that direction then delivers nothing more (until faults are cleared
- * or the QP is recreated). Applies to sends posted on `host` (NULL = any). */
+/* Apple's driver as ds4 reported it (the quirk empty_rq=kill, for one host): a UC
+ * send that meets an empty receive queue is lost and that direction then delivers
+ * nothing more (until faults are cleared or the QP is recreated). Applies to sends
+ * posted on `host` (NULL = any). */
 int tbemu_fault_sticky_loss(const char* fabric, const char* host);
 
 /* Peer death: sends signal `sig` (e.g. SIGKILL) to every process holding a QP on
