@@ -69,3 +69,12 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_CXX_FLAGS MATCHES "-fsani
   endforeach()
   string(REPLACE ";" ":" TBVERBS_SANITIZER_PRELOAD "${TBVERBS_SANITIZER_PRELOAD}")
 endif()
+
+# Every contested reading of Apple's driver that the emulator plays, as NAME=VALUE (the table with
+# sources is emulator/src/quirks.cpp and docs/emulator.md). The examples, the tools and the ring
+# are tested under each value; keep this list in step with that table.
+set(TBVERBS_EMU_QUIRK_VALUES
+    empty_rq=wait empty_rq=drop empty_rq=kill
+    macos=26.3 macos=26.2
+    mr_access=any mr_access=local_write_only mr_access=remote_required
+    completion_channels=off completion_channels=on)

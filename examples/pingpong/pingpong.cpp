@@ -15,7 +15,9 @@
 //   pingpong --connect HOST:PORT            [--device NAME] [--library PATH] [options]
 //   pingpong --local [--profile thunderbolt|rdma-core-rc]                    [options]
 //     options: --size BYTES (latency message, default 64)
-//              --bw-size BYTES (bandwidth message, default 16384)
+//              --bw-size BYTES (bandwidth message; default one 4 KiB frame on Apple's driver, the
+//                               only size every reading of it delivers (macOS 26.2 delivers no
+//                               larger message), 16384 elsewhere)
 //              --iters N (default 1000)  --timeout SECONDS (every wait, default 10)
 //              --events (ask for a completion channel so waits sleep on it; where the driver
 //                        refuses one, as Apple's may, the wait polls and says so once)
@@ -79,7 +81,7 @@ struct Options {
   std::string library;            // empty: $TBVERBS_LIBRARY, else the platform's verbs library
   std::string profile = "thunderbolt"; // --local only: which emulated hardware
   std::size_t size = 64;          // latency message size
-  std::size_t bw_size = 16384;    // bandwidth message size (ds4 found larger ones undelivered on Apple's driver)
+  std::size_t bw_size = 0;        // bandwidth message size; 0: one 4 KiB frame on Apple, 16 KiB elsewhere
   int iters = 1000;
   int timeout_s = 10;
   bool events = false;            // --events: ask for a completion channel (CqWait::channel)
@@ -322,7 +324,12 @@ std::span<tbverbs::WorkCompletion> wait_some(tbverbs::CompletionQueue& cq, std::
 int run(Options o, bool server, int sock) {
   const auto setup_deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
 
-  // 0. Agree on the message sizes: on Thunderbolt a send and its receive must span the same
+  // 1. Load the verbs library (dlopen; nothing is linked at build time) and open the device.
+  const tbverbs::Library lib = check(tbverbs::Library::load(o.library));
+  tbverbs::Context ctx = check(tbverbs::Context::open(lib, o.device));
+  if (o.bw_size == 0) o.bw_size = ctx.platform() == tbverbs::Platform::apple ? 4096 : 16384;
+
+  // 1b. Agree on the message sizes: on Thunderbolt a send and its receive must span the same
   //    number of 4 KiB frames, so both sides must use the same sizes. The server takes the client's.
   std::uint32_t params[3] = {htonl(static_cast<std::uint32_t>(o.size)), htonl(static_cast<std::uint32_t>(o.bw_size)),
                              htonl(static_cast<std::uint32_t>(o.iters))};
@@ -335,10 +342,6 @@ int run(Options o, bool server, int sock) {
   } else {
     send_all(sock, params, sizeof params);
   }
-
-  // 1. Load the verbs library (dlopen; nothing is linked at build time) and open the device.
-  const tbverbs::Library lib = check(tbverbs::Library::load(o.library));
-  tbverbs::Context ctx = check(tbverbs::Context::open(lib, o.device));
 
   // 2. Choose the GID. Thunderbolt ports publish ::ffff:a.b.c.d (at index 1, usually) once the
   //    interface has an IPv4 address; select() finds it, honours TBVERBS_GID_INDEX, and when
@@ -373,12 +376,13 @@ int run(Options o, bool server, int sock) {
   }
 
   // 4. Protection domain (fails on Apple when the port is down), one page-aligned buffer, one
-  //    registration. local_write: the device may write into it (we receive into it). No remote
-  //    rights: nobody RDMA-writes here (least privilege).
+  //    registration for sending and receiving. reg_mr_two_sided tries least privilege first
+  //    (local write: TN3205's advice) and adds the remote rights only where the driver refuses
+  //    that (as one hardware report says Apple's does).
   tbverbs::ProtectionDomain pd = check(ctx.alloc_pd());
   const Layout l = layout(o);
   tbverbs::AlignedBuffer buf = check(tbverbs::AlignedBuffer::allocate(l.total));
-  tbverbs::MemoryRegion mr = check(pd.reg_mr(buf, tbverbs::Access::local_write));
+  tbverbs::MemoryRegion mr = check(pd.reg_mr_two_sided(buf.bytes()));
 
   // 5. One completion queue for sends and receives, big enough for everything that can be
   //    outstanding at once (an overrun loses completions, and the poll loop then waits for ever).
