@@ -332,13 +332,16 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
       into.emplace(std::move(*set));
       return {};
     };
+    const auto t0 = std::chrono::steady_clock::now();
     if (!staged_) {
       if (auto s = reg(p->in, in_); !s) return s;
       if (auto s = reg(p->out, out_); !s) return s;
     }
     if (auto s = reg(p->scratch, scratch_); !s) return s;
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     say(cfg_, p->name + ": " + std::to_string(*need) + " memory region(s) (" +
-                  (staged_ ? "staged through scratch slots" : "user buffers registered") + ")");
+                  (staged_ ? "staged through scratch slots" : "user buffers registered") + ") in " +
+                  std::to_string(us.count()) + " us");
   }
   return {};
 }
