@@ -24,6 +24,26 @@ run() {  # runs the launcher; sets RC
   echo "+ $RING $*" >"$OUT"
   "$RING" "$@" >>"$OUT" 2>&1; RC=$?
 }
+# Two ranks started by hand as a launcher on real hardware would start them, without --local:
+#   two_ranks PREFIX LIBRARY [ring args...]   (PREFIX: JACCL or MLX, naming the variables set)
+# with the device file $WORK/devices.json and, if it exists, the fabric $FABRIC. Their output goes
+# to $OUT; fails the test if a rank exits non-zero.
+two_ranks() {
+  local prefix=$1 lib=$2; shift 2
+  local port=$((20000 + RANDOM % 20000)) pids=() r p rcs=0 fabric_env=()
+  [ -f "$FABRIC" ] && fabric_env=(TBVERBS_EMU_FABRIC="$FABRIC")
+  local coord=${prefix}_COORDINATOR devs=${prefix}_IBV_DEVICES
+  [ "$prefix" = MLX ] && coord=MLX_JACCL_COORDINATOR
+  for r in 0 1; do
+    env "${fabric_env[@]}" TBVERBS_LIBRARY="$lib" TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r \
+      "${prefix}_RANK=$r" "$coord=127.0.0.1:$port" "$devs=$WORK/devices.json" \
+      "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rcs=1; done
+  cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
+  [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+}
 
 case "$CASE" in
   verify)
@@ -108,19 +128,7 @@ case "$CASE" in
     # ranks (both links share rdma_en1: two QPs on one device), on the emulator's built-in fabric.
     lib=$1; shift
     echo '[[null, "rdma_en1"], ["rdma_en1", null]]' >"$WORK/devices.json"
-    port=$((20000 + RANDOM % 20000))
-    : >"$OUT"
-    pids=()
-    for r in 0 1; do
-      TBVERBS_LIBRARY=$lib TBVERBS_EMU_STATE_DIR=$WORK/state TBVERBS_EMU_HOST=host$r MLX_RANK=$r \
-        MLX_JACCL_COORDINATOR=127.0.0.1:$port MLX_IBV_DEVICES=$WORK/devices.json \
-        "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
-      pids+=($!)
-    done
-    rcs=0
-    for p in "${pids[@]}"; do wait "$p" || rcs=1; done
-    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-    [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+    two_ranks MLX "$lib" "$@"
     expect "^rank 0: right cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 0: left cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 1: left link 0 to rank 0 verified"
@@ -170,18 +178,7 @@ case "$CASE" in
       hostfile) echo '{"backend": "jaccl", "hosts": [{"ssh": "m1", "rdma": [null, ["rdma_en1", "rdma_en2"]]},
                                                   {"ssh": "m2", "rdma": [["rdma_en2", "rdma_en1"], null]}]}' >"$WORK/devices.json" ;;
     esac
-    port=$((20000 + RANDOM % 20000))
-    pids=()
-    for r in 0 1; do
-      TBVERBS_LIBRARY=$lib TBVERBS_EMU_FABRIC=$FABRIC TBVERBS_EMU_STATE_DIR=$WORK/state TBVERBS_EMU_HOST=host$r \
-        JACCL_RANK=$r JACCL_COORDINATOR=127.0.0.1:$port JACCL_IBV_DEVICES=$WORK/devices.json \
-        "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
-      pids+=($!)
-    done
-    rcs=0
-    for p in "${pids[@]}"; do wait "$p" || rcs=1; done
-    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-    [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+    two_ranks JACCL "$lib" "$@"
     expect "^all_sum .*ranks=2 .*: verified$"
     expect_not "MISMATCH|FAILED"
     expect_count "cable [01] \\(rdma_en[12], link [0-9]+\\): [1-9][0-9]* messages sent, [1-9][0-9]* received" 4
