@@ -43,7 +43,7 @@ for q in $quirks; do
 done
 if [ "${GIB:-1}" != 0 ]; then
   for place in out in; do
-    run "$ranks ranks, 1 GiB per rank, $place of place (memory auto)" --local "$ranks" --size 1G --place "$place" --iters 1 --warmup 0
+    run "$ranks ranks, 1 GiB per rank, $place-place (memory auto)" --local "$ranks" --size 1G --place "$place" --iters 1 --warmup 0
   done
 fi
 [ $status -eq 0 ] && echo "ring-fidelity-sweep: all runs verified" || echo "ring-fidelity-sweep: FAILED"
