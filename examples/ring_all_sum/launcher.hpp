@@ -153,9 +153,10 @@ inline int run_local(const LocalOptions& o) {
   const fs::path dir = tmpl;
   // The emulator's shared state (every QP's receive ring, every CQ) belongs in memory, not on a
   // disk-backed /tmp: /dev/shm when there is one.
+  // (Only for a fabric generated here: an existing one keeps the emulator's own state directory.)
   std::string state_dir = (dir / "state").string();
   char shm_tmpl[] = "/dev/shm/tbverbs-ring-XXXXXX";
-  if (::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm_tmpl) != nullptr) state_dir = shm_tmpl;
+  if (o.fabric.empty() && ::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm_tmpl) != nullptr) state_dir = shm_tmpl;
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
