@@ -23,7 +23,11 @@
 
 namespace emu {
 
-enum class Profile : uint32_t { Thunderbolt = 0, RdmaCoreRc = 1 };
+// thunderbolt: Apple's driver. rdma-core-rc: a generic RC NIC (one RoCE v2 entry per
+// address). rdma-core-roce: an mlx5-style RoCE port (every address as a RoCE v1 and a
+// RoCE v2 entry). rdma-core-ib: an InfiniBand port (LIDs, subnet-prefix GIDs only).
+// Sources of the last two: field-failures.md section 4b, "rdma-core NICs".
+enum class Profile : uint32_t { Thunderbolt = 0, RdmaCoreRc = 1, RdmaCoreRoce = 2, RdmaCoreIb = 3 };
 const char* profile_name(Profile p);
 
 // Capacities of the shared state. Slots are fixed so the file layout is a plain
@@ -106,6 +110,14 @@ struct PortDef {
   uint32_t initial_prefix = 0;
   int peer = -1;               // global index of the port at the other end of the cable
   uint32_t ipv4_gid_index = 1; // where ::ffff:a.b.c.d appears; 1..index-1 hold more fe80:: entries
+  // rdma-core-roce / rdma-core-ib (see gid_at, fill_port_attr):
+  int lid = -1;                // IB: -1 = assigned (global port index + 1); 0 = no subnet manager
+  uint32_t active_mtu = 0;     // ibv_mtu; 0 = the profile's default
+  bool routed = false;         // the cable crosses a routed (L3) hop: RoCE v1 does not get across
+  bool has_ipv6 = false;       // RoCE: a global IPv6 address (GID entries 4 and 5)
+  uint8_t ipv6[16] = {};
+  uint8_t subnet_prefix[8] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0};  // IB: upper half of the port GID
+  std::string netdev;          // RoCE: the Ethernet interface behind the port (gid_attrs/ndevs)
 };
 
 struct DeviceDef {
@@ -246,6 +258,9 @@ struct ShmQp {
   uint32_t recv_cq;  // CQ slot
   uint32_t min_rnr_timer;
   uint32_t drop_tx;  // fault: everything this QP sends is lost
+  // rdma-core-roce: the RoCE version of the RTR source GID (1 or 2; 0 elsewhere). A
+  // sender and a receiver of different versions do not hear each other (see peer_ready).
+  uint32_t wire;
   // RC packet sequence numbers (24-bit): a requester whose next PSN is not what the
   // responder expects gets no ACK, retries, and ends in RETRY_EXC_ERR, as with a
   // botched PSN exchange on a real RC NIC. UC resynchronises on every new message.
@@ -308,7 +323,7 @@ struct Shared {
   ShmCq cqs[kMaxCqs];
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550003ull;  // "TBVEMU" v3
+constexpr uint64_t kMagic = 0x54425645'4d550004ull;  // "TBVEMU" v4 (ShmQp::wire)
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);
@@ -348,6 +363,17 @@ bool port_active(const Fabric& f, int port);  // own end up, cabled, other end u
 // the IPv4-mapped entry at N, as some Macs report).
 uint32_t gid_table_len(const Fabric& f, int port);
 bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out);
+// The type of an entry, as enum ibv_gid_type (IBV_GID_TYPE_IB / _ROCE_V1 / _ROCE_V2).
+// rdma-core-roce: even indices RoCE v1, odd RoCE v2 (mlx5 publishes each address as a
+// v1 and a v2 entry, v1 first); rdma-core-ib: IB; thunderbolt, rdma-core-rc: RoCE v2.
+uint32_t gid_type_at(const Fabric& f, int port, uint32_t index);
+// The netdev name of a port ("" on Thunderbolt and InfiniBand).
+std::string port_netdev(const Fabric& f, int port);
+// rdma-core-roce and rdma-core-ib devices get a sysfs-like directory (ibdev_path) with
+// ports/N/gid_attrs/{types,ndevs}/I, as the kernel publishes them, so programs that read
+// the GID type or netdev from sysfs (show_gids, rdma-core's ibv_query_gid_type) see them.
+// Returns the directory ("" when the profile has none or it cannot be written).
+std::string ensure_sysfs(const Fabric& f, int device);
 // The port whose GID table holds `gid`, or -1.
 int port_of_gid(const Fabric& f, const ibv_gid& gid);
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -49,7 +50,10 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 Profile parse_profile(const std::string& s) {
   if (s == "thunderbolt") return Profile::Thunderbolt;
   if (s == "rdma-core-rc") return Profile::RdmaCoreRc;
-  throw std::runtime_error("unknown profile \"" + s + "\" (expected \"thunderbolt\" or \"rdma-core-rc\")");
+  if (s == "rdma-core-roce") return Profile::RdmaCoreRoce;
+  if (s == "rdma-core-ib") return Profile::RdmaCoreIb;
+  throw std::runtime_error("unknown profile \"" + s +
+                           "\" (expected \"thunderbolt\", \"rdma-core-rc\", \"rdma-core-roce\" or \"rdma-core-ib\")");
 }
 
 // "host:device[:port]" → (host, device, port) names.
@@ -140,6 +144,33 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
           p.ipv4_gid_index = jp.value("ipv4_gid_index", 1u);
           if (p.ipv4_gid_index < 1 || p.ipv4_gid_index > 15)
             throw std::runtime_error(h.name + ":" + d.name + ": ipv4_gid_index must be 1..15");
+          if (jp.contains("lid")) {
+            p.lid = jp["lid"].get<int>();
+            if (p.lid < 0 || p.lid > 0xbfff)
+              throw std::runtime_error(h.name + ":" + d.name + ": lid must be 0 (no subnet manager) .. 0xbfff");
+          }
+          if (jp.contains("active_mtu")) {
+            const int m = jp["active_mtu"].get<int>();
+            if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096)
+              throw std::runtime_error(h.name + ":" + d.name + ": active_mtu must be 256, 512, 1024, 2048 or 4096");
+            p.active_mtu = static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(m)) - 7);  // 256 -> IBV_MTU_256 (1)
+          }
+          if (jp.contains("ipv6") && !jp["ipv6"].is_null()) {
+            std::string t = jp["ipv6"].get<std::string>();
+            if (auto sl = t.find('/'); sl != std::string::npos) t.resize(sl);
+            if (inet_pton(AF_INET6, t.c_str(), p.ipv6) != 1)
+              throw std::runtime_error(h.name + ":" + d.name + ": bad ipv6 \"" + t + "\"");
+            p.has_ipv6 = true;
+          }
+          if (jp.contains("subnet_prefix")) {
+            // "fec0:0:0:1": the upper 64 bits of the port GID (InfiniBand).
+            std::string t = jp["subnet_prefix"].get<std::string>() + "::";
+            uint8_t raw[16];
+            if (inet_pton(AF_INET6, t.c_str(), raw) != 1)
+              throw std::runtime_error(h.name + ":" + d.name + ": bad subnet_prefix (e.g. \"fe80:0:0:0\")");
+            std::memcpy(p.subnet_prefix, raw, 8);
+          }
+          p.netdev = jp.value("netdev", std::string());
           if (jp.contains("ipv4") && !jp["ipv4"].is_null()) {
             std::string cidr = jp["ipv4"].get<std::string>();
             if (!parse_cidr(cidr, &p.initial_ip, &p.initial_prefix))
@@ -154,12 +185,14 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
     }
     for (const auto& jc : j.value("cables", json::array())) {
       std::string ends[2];
+      bool routed = false;
       if (jc.is_array() && jc.size() == 2) {
         ends[0] = jc[0].get<std::string>();
         ends[1] = jc[1].get<std::string>();
       } else if (jc.is_object()) {
         ends[0] = jc.at("a").get<std::string>();
         ends[1] = jc.at("b").get<std::string>();
+        routed = jc.value("routed", false);
       } else {
         throw std::runtime_error("a cable must be [\"host:dev:port\", \"host:dev:port\"] or {\"a\":..,\"b\":..}");
       }
@@ -179,6 +212,7 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
       if (pi[0] == pi[1]) throw std::runtime_error("a cable joins port " + ends[0] + " to itself");
       f->ports[pi[0]].peer = pi[1];
       f->ports[pi[1]].peer = pi[0];
+      f->ports[pi[0]].routed = f->ports[pi[1]].routed = routed;
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(origin + ": " + e.what());
@@ -203,7 +237,15 @@ std::string default_state_dir(const std::string& key, const std::string& text) {
 
 }  // namespace
 
-const char* profile_name(Profile p) { return p == Profile::Thunderbolt ? "thunderbolt" : "rdma-core-rc"; }
+const char* profile_name(Profile p) {
+  switch (p) {
+    case Profile::Thunderbolt: return "thunderbolt";
+    case Profile::RdmaCoreRc: return "rdma-core-rc";
+    case Profile::RdmaCoreRoce: return "rdma-core-roce";
+    case Profile::RdmaCoreIb: return "rdma-core-ib";
+  }
+  return "?";
+}
 
 int Fabric::find_host(const std::string& name) const {
   for (size_t i = 0; i < hosts.size(); ++i)
@@ -457,44 +499,139 @@ bool port_active(const Fabric& f, int port) {
 }
 
 uint32_t gid_table_len(const Fabric& f, int port) {
-  return f.devices[f.ports[port].device].profile == Profile::Thunderbolt ? 1024 : 16;
+  switch (f.devices[f.ports[port].device].profile) {
+    case Profile::Thunderbolt: return 1024;
+    // Our assumption for both: the lengths public ibv_devinfo output of ConnectX RoCE (256)
+    // and InfiniBand (128) ports commonly shows; only the first entries are ever populated.
+    case Profile::RdmaCoreRoce: return 256;
+    case Profile::RdmaCoreIb: return 128;
+    case Profile::RdmaCoreRc: break;
+  }
+  return 16;
 }
+
+namespace {
+// fe80::<interface id from the device GUID>; index > 0 stands for other interfaces
+// (Thunderbolt, rdma-core-rc) and is folded into the id.
+void link_local_gid(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
+  out->raw[0] = 0xfe;
+  out->raw[1] = 0x80;
+  uint64_t iid = be64toh(f.devices[f.ports[port].device].guid) ^ uint64_t(f.ports[port].port_num) ^
+                 (uint64_t(index) << 56);
+  iid = htobe64(iid);
+  std::memcpy(out->raw + 8, &iid, 8);
+}
+// Read the address once so the entry is consistent while another process changes it.
+bool ipv4_gid(const Fabric& f, int port, ibv_gid* out) {
+  ShmPort sp;
+  std::memcpy(&sp, &f.shm->ports[port], sizeof sp);
+  if (!sp.has_ip) return false;
+  out->raw[10] = 0xff;
+  out->raw[11] = 0xff;
+  uint32_t be = htonl(sp.ip);
+  std::memcpy(out->raw + 12, &be, 4);
+  return true;
+}
+}  // namespace
 
 bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
   std::memset(out, 0, sizeof *out);
-  const uint32_t v4 = f.ports[port].ipv4_gid_index;
+  const PortDef& pd = f.ports[port];
+  switch (f.devices[pd.device].profile) {
+    case Profile::RdmaCoreRoce:
+      // field-failures.md 4b: mlx5 publishes every address twice, RoCE v1 then RoCE v2:
+      // 0/1 = fe80:: (v1/v2), 2/3 = ::ffff:a.b.c.d, 4/5 = a global IPv6 address. Our
+      // assumption: fixed slots (an address that goes away leaves its two slots empty).
+      if (index <= 1) {
+        link_local_gid(f, port, 0, out);
+        return true;
+      }
+      if (index <= 3) return ipv4_gid(f, port, out);
+      if (index <= 5 && pd.has_ipv6) {
+        std::memcpy(out->raw, pd.ipv6, 16);
+        return true;
+      }
+      return false;
+    case Profile::RdmaCoreIb:
+      // field-failures.md 4b: only the port GID, subnet prefix (default fe80::/64) + GUID.
+      if (index != 0) return false;
+      link_local_gid(f, port, 0, out);
+      std::memcpy(out->raw, pd.subnet_prefix, 8);
+      return true;
+    case Profile::Thunderbolt:
+    case Profile::RdmaCoreRc:
+      break;
+  }
+  const uint32_t v4 = pd.ipv4_gid_index;
   if (index < v4) {
     // Link-local entries derived from the device GUID, present whatever the address
     // state; index 0 is the port's own, later ones stand for other interfaces.
-    out->raw[0] = 0xfe;
-    out->raw[1] = 0x80;
-    uint64_t iid = be64toh(f.devices[f.ports[port].device].guid) ^ uint64_t(f.ports[port].port_num) ^
-                   (uint64_t(index) << 56);
-    iid = htobe64(iid);
-    std::memcpy(out->raw + 8, &iid, 8);
+    link_local_gid(f, port, index, out);
     return true;
   }
-  if (index == v4) {
-    // Read the address once so the entry is consistent while another process changes it.
-    ShmPort sp;
-    std::memcpy(&sp, &f.shm->ports[port], sizeof sp);
-    if (!sp.has_ip) return false;
-    out->raw[10] = 0xff;
-    out->raw[11] = 0xff;
-    uint32_t be = htonl(sp.ip);
-    std::memcpy(out->raw + 12, &be, 4);
-    return true;
-  }
+  if (index == v4) return ipv4_gid(f, port, out);
   return false;
 }
 
+uint32_t gid_type_at(const Fabric& f, int port, uint32_t index) {
+  switch (f.devices[f.ports[port].device].profile) {
+    case Profile::RdmaCoreRoce: return index % 2 == 0 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+    case Profile::RdmaCoreIb: return IBV_GID_TYPE_IB;
+    // Thunderbolt: what Apple's driver reports is unpublished; RoCE v2 is our assumption.
+    case Profile::Thunderbolt:
+    case Profile::RdmaCoreRc: break;
+  }
+  return IBV_GID_TYPE_ROCE_V2;
+}
+
+std::string port_netdev(const Fabric& f, int port) {
+  const PortDef& pd = f.ports[port];
+  const Profile p = f.devices[pd.device].profile;
+  if (p != Profile::RdmaCoreRoce) return "";
+  if (!pd.netdev.empty()) return pd.netdev;
+  // Our assumption: one Ethernet interface per port, named after the device ("mlx5_0" port 1 → "mlx5_0p1").
+  return f.devices[pd.device].name + "p" + std::to_string(pd.port_num);
+}
+
 int port_of_gid(const Fabric& f, const ibv_gid& gid) {
-  for (size_t p = 0; p < f.ports.size(); ++p)
-    for (uint32_t i = 0; i <= f.ports[p].ipv4_gid_index; ++i) {
+  for (size_t p = 0; p < f.ports.size(); ++p) {
+    const uint32_t n = std::min<uint32_t>(gid_table_len(f, static_cast<int>(p)), 16);
+    for (uint32_t i = 0; i < n; ++i) {
       ibv_gid g;
       if (gid_at(f, static_cast<int>(p), i, &g) && std::memcmp(&g, &gid, sizeof g) == 0) return static_cast<int>(p);
     }
+  }
   return -1;
+}
+
+std::string ensure_sysfs(const Fabric& f, int device) {
+  const DeviceDef& d = f.devices[device];
+  if (d.profile != Profile::RdmaCoreRoce && d.profile != Profile::RdmaCoreIb) return "";
+  // <state>/sysfs/<host>/class/infiniband/<dev>: the host is in the path because two hosts
+  // may have devices of the same name. The tree is static (slot types and netdevs do not
+  // change), so it is written once; files are replaced atomically (rename).
+  const std::string dir = f.state_dir + "/sysfs/" + f.hosts[d.host].name + "/class/infiniband/" + d.name;
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/.complete", ec)) return dir;
+  auto put = [&](const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    { std::ofstream(tmp) << text << "\n"; }
+    std::filesystem::rename(tmp, path, ec);
+  };
+  for (int gp : d.ports) {
+    const std::string pdir = dir + "/ports/" + std::to_string(f.ports[gp].port_num);
+    const std::string nd = port_netdev(f, gp);
+    for (uint32_t i = 0; i < 6; ++i) {
+      if (d.profile == Profile::RdmaCoreIb && i > 0) break;
+      // The strings rdma-core's ibv_query_gid_type compares against ("IB/RoCE v1", "RoCE v2").
+      put(pdir + "/gid_attrs/types/" + std::to_string(i),
+          gid_type_at(f, gp, i) == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : "IB/RoCE v1");
+      if (!nd.empty()) put(pdir + "/gid_attrs/ndevs/" + std::to_string(i), nd);
+    }
+  }
+  put(dir + "/.complete", "");
+  return dir;
 }
 
 // ---------------------------------------------------------------- faults

@@ -50,28 +50,54 @@ int gport(const EmuContext* c, uint8_t port_num) { return c->fab->find_port(c->d
 // Returns the errno if a "fail the Nth call" fault matches, else 0.
 int faulted(const EmuContext* c, const char* verb) { return fault_check(*c->fab, verb, c ? c->host : -1); }
 
+// The port's LID: Thunderbolt and InfiniBand ports have one (unique per port on the fabric);
+// an InfiniBand port with "lid": 0 has no subnet manager. RoCE ports have none.
+uint16_t port_lid(const Fabric& f, Profile p, int gp) {
+  if (p == Profile::RdmaCoreIb) return f.ports[gp].lid >= 0 ? static_cast<uint16_t>(f.ports[gp].lid) : static_cast<uint16_t>(gp + 1);
+  return p == Profile::Thunderbolt ? static_cast<uint16_t>(gp + 1) : 0;
+}
+
+// The port's active MTU (enum ibv_mtu).
+uint32_t port_active_mtu(const Fabric& f, Profile p, int gp) {
+  if (f.ports[gp].active_mtu != 0 && p != Profile::Thunderbolt) return f.ports[gp].active_mtu;
+  switch (p) {
+    case Profile::Thunderbolt: return IBV_MTU_4096;  // TN3205 / [R] mlx PR #4191 output
+    // Our assumption: an InfiniBand port's usual 4096; RoCE ports on a 1500-byte Ethernet MTU
+    // show active_mtu 1024 (rdma-core's RoCE MTU is the largest IB MTU below the netdev MTU).
+    case Profile::RdmaCoreIb: return IBV_MTU_4096;
+    case Profile::RdmaCoreRoce:
+    case Profile::RdmaCoreRc: break;
+  }
+  return IBV_MTU_1024;
+}
+
 void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
   const Fabric& f = *c->fab;
   bool tb = is_tb(c);
+  const Profile prof = profile_of(c);
   std::memset(a, 0, sizeof *a);
   bool active = port_active(f, gp);
-  a->state = active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+  const uint16_t lid = port_lid(f, prof, gp);
+  // InfiniBand without a subnet manager: the link trains (phys LinkUp) but the port stays in
+  // INIT with LID 0 (what `ibstat` shows as "Initializing" until opensm runs).
+  const bool no_sm = prof == Profile::RdmaCoreIb && lid == 0;
+  a->state = !active ? IBV_PORT_DOWN : no_sm ? IBV_PORT_INIT : IBV_PORT_ACTIVE;
   a->max_mtu = IBV_MTU_4096;
-  // TN3205 / [R] mlx PR #4191 output: active_mtu 4096 on Thunderbolt.
-  a->active_mtu = tb ? IBV_MTU_4096 : IBV_MTU_1024;
+  a->active_mtu = static_cast<ibv_mtu>(port_active_mtu(f, prof, gp));
   a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
   a->port_cap_flags = 0;
   a->max_msg_sz = static_cast<uint32_t>(lim(c).max_msg);
   a->pkey_tbl_len = 1;
   // [R] public fixtures: LIDs 1 and 2 on different ports. Ours: unique per port on the fabric.
-  a->lid = tb ? static_cast<uint16_t>(gp + 1) : 0;
+  a->lid = lid;
+  a->sm_lid = prof == Profile::RdmaCoreIb && !no_sm ? 1 : 0;
   a->max_vl_num = 1;
   a->active_width = 2;   // 4X
   a->active_speed = 32;  // EDR-class lane speed; only informational
   a->phys_state = active ? 5 : 3;  // LinkUp / Disabled
   // TN3205 / [R] devinfo dumps: link layer 100 ("Thunderbolt" on a Mac; Debian's ibv_devinfo
-  // prints "Unknown"). The RC profile is RoCE.
-  a->link_layer = tb ? 100 : IBV_LINK_LAYER_ETHERNET;
+  // prints "Unknown"). rdma-core-rc and rdma-core-roce are RoCE; rdma-core-ib is InfiniBand.
+  a->link_layer = tb ? 100 : prof == Profile::RdmaCoreIb ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
 }
 
 int query_port_op(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len) {
@@ -142,7 +168,12 @@ EMU_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
       std::snprintf(d->dev.name, sizeof d->dev.name, "%s", dd.name.c_str());
       std::snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", devs[i]);
       std::snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", devs[i]);
-      std::snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", dd.name.c_str());
+      // rdma-core-roce/-ib: a sysfs-like tree of GID types and netdevs (ensure_sysfs).
+      const std::string sysfs = ensure_sysfs(*f, devs[i]);
+      if (!sysfs.empty() && sysfs.size() < sizeof d->dev.ibdev_path)
+        std::snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "%s", sysfs.c_str());
+      else
+        std::snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", dd.name.c_str());
     }
     list[i] = &d->dev;
   }
@@ -271,7 +302,8 @@ EMU_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, 
   return 0;
 }
 
-// rdma-core's private helper used by ibv_devinfo: 0 = IB/RoCE v1, 1 = RoCE v2.
+// rdma-core's private helper used by ibv_devinfo (IBVERBS_PRIVATE_34): the sysfs reading,
+// 0 = "IB/RoCE v1", 1 = "RoCE v2" (rdma-core's enum ibv_gid_type_sysfs).
 EMU_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type) {
   EmuContext* c = ectx(context);
   int gp = c ? gport(c, port_num) : -1;
@@ -279,7 +311,7 @@ EMU_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsign
     errno = EINVAL;
     return -1;
   }
-  *type = 1;
+  *type = gid_type_at(*c->fab, gp, index) == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;
   return 0;
 }
 
@@ -293,7 +325,9 @@ EMU_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32
   if (!gid_at(*c->fab, gp, gid_index, &entry->gid)) return ENODATA;
   entry->gid_index = gid_index;
   entry->port_num = port_num;
-  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->gid_type = gid_type_at(*c->fab, gp, gid_index);
+  // No kernel interface stands behind an emulated port: ndev_ifindex stays 0 (the netdev
+  // name is in the sysfs-like tree, gid_attrs/ndevs, of rdma-core-roce devices).
   return 0;
 }
 
@@ -313,7 +347,7 @@ EMU_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* ent
       e->gid = g;
       e->gid_index = i;
       e->port_num = static_cast<uint32_t>(p + 1);
-      e->gid_type = IBV_GID_TYPE_ROCE_V2;
+      e->gid_type = gid_type_at(*c->fab, ports[p], i);
       ++n;
     }
   return static_cast<ssize_t>(n);
@@ -808,6 +842,7 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     x.sq_psn = x.rq_psn = 0;
     x.mtu_bytes = 1024;
     x.drop_tx = 0;
+    x.wire = 0;
     x.max_recv_wr = cap.max_recv_wr;
     x.recv_frames = 0;
     x.head = x.tail = 0;
@@ -886,12 +921,34 @@ bool gid_is_v4mapped(const ibv_gid& g) {
   return g.raw[10] == 0xff && g.raw[11] == 0xff;
 }
 
-// RTR address checks. Returns 0 and sets *peer_port, or the errno the field saw.
-int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port) {
+// RTR address checks. Returns 0 and sets *peer_port (and *wire, the RoCE version the QP
+// sends and listens with), or the errno the field saw.
+int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port, uint32_t* wire) {
   const Fabric& f = *q->ctx->fab;
   const bool tb = is_tb(q->ctx);
+  const Profile prof = profile_of(q->ctx);
   int myport = static_cast<int>(q->s->port);
   const ibv_ah_attr& ah = a->ah_attr;
+  *wire = 0;
+  if (prof == Profile::RdmaCoreIb) {
+    // InfiniBand addresses by LID within a subnet (is_global 0) and adds a GRH between
+    // subnets (field-failures.md 4b). Our assumption for the refusals: a port without a LID
+    // (no subnet manager) or an address vector with DLID 0 cannot reach RTR (EINVAL).
+    if (port_lid(f, prof, myport) == 0 || ah.dlid == 0) return EINVAL;
+    int other = f.ports[myport].peer;
+    if (ah.is_global) {
+      if (gid_is_zero(ah.grh.dgid) || ah.grh.sgid_index >= gid_table_len(f, myport)) return EINVAL;
+      ibv_gid sgid;
+      if (!gid_at(f, myport, ah.grh.sgid_index, &sgid)) return EINVAL;
+      int p = port_of_gid(f, ah.grh.dgid);
+      *peer_port = (p >= 0 && (p == other || p == myport)) ? p : -1;
+    } else {
+      *peer_port = other >= 0 && port_lid(f, prof, other) == ah.dlid ? other
+                   : port_lid(f, prof, myport) == ah.dlid           ? myport
+                                                                    : -1;
+    }
+    return 0;
+  }
   if (!ah.is_global || gid_is_zero(ah.grh.dgid)) return EINVAL;  // uninitialised GID / no GRH
   if (ah.grh.sgid_index >= gid_table_len(f, myport)) return EINVAL;
   ibv_gid sgid;
@@ -926,6 +983,13 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port) {
   // RETRY_EXC_ERR (RC) or silent loss (UC) when sending.
   int p = port_of_gid(f, ah.grh.dgid);
   *peer_port = (p >= 0 && (p == f.ports[myport].peer || p == myport)) ? p : -1;
+  if (prof == Profile::RdmaCoreRoce) {
+    // field-failures.md 4b and section 1 row 23 (Mooncake#113, NVIDIA/nccl#426): a RoCE v1
+    // GID connects but carries nothing across a routed network; and (our model of the same
+    // reports) two ends of different RoCE versions never hear each other (peer_ready).
+    *wire = gid_type_at(f, myport, ah.grh.sgid_index) == IBV_GID_TYPE_ROCE_V2 ? 2 : 1;
+    if (*wire == 1 && f.ports[myport].routed) *peer_port = -1;
+  }
   return 0;
 }
 
@@ -978,10 +1042,20 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     if (rc) req |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     if (!need(req)) return EINVAL;
     if (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096) return EINVAL;
+    {
+      // field-failures.md row 16 [I]: a path MTU above the port's active MTU is refused.
+      // Enforced on the rdma-core-roce and -ib profiles (rdma-core-rc keeps its old leniency).
+      const Profile prof = profile_of(q->ctx);
+      if ((prof == Profile::RdmaCoreRoce || prof == Profile::RdmaCoreIb) &&
+          static_cast<uint32_t>(attr->path_mtu) > port_active_mtu(*q->ctx->fab, prof, static_cast<int>(s->port)))
+        return EINVAL;
+    }
     int peer = -1;
-    if (int e = resolve_rtr(q, attr, &peer)) return e;
+    uint32_t wire = 0;
+    if (int e = resolve_rtr(q, attr, &peer, &wire)) return e;
     s->dest_qpn = attr->dest_qp_num & 0xffffff;
     s->peer_port = peer;
+    s->wire = wire;
     if (rc) s->min_rnr_timer = attr->min_rnr_timer;
     s->rq_psn = attr->rq_psn & 0xffffff;
     s->mtu_bytes = 128u << attr->path_mtu;  // IBV_MTU_256 = 1
