@@ -8,7 +8,12 @@ RING=$1; CLI=$2; CASE=$3; shift 3
 WORK=$(mktemp -d /tmp/tbverbs-ring-test-XXXXXX)
 FABRIC=$WORK/fabric.json
 cleanup() {
-  if [ -f "$FABRIC" ]; then "$CLI" -f "$FABRIC" reset >/dev/null 2>&1 || true; fi
+  # A fabric file of this test has its state in the emulator's default directory (keyed by the
+  # file's path, so a new one every run): remove it, or every run leaves one in /dev/shm.
+  if [ -f "$FABRIC" ]; then
+    local state
+    state=$("$CLI" -f "$FABRIC" state-dir 2>/dev/null) && [ -n "$state" ] && rm -rf "$state"
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
