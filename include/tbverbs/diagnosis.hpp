@@ -53,6 +53,14 @@ inline constexpr std::string_view access_refused = "access flags refused";
 /// The GID at the RTR source index is not the one advertised (a caller or provider that routes
 /// from a fixed index while the IPv4-mapped entry sits elsewhere, mlx PR #3389).
 inline constexpr std::string_view gid_index_mismatch = "GID not at the RTR source index";
+/// An InfiniBand end of the connection has LID 0: no subnet manager assigned one (QpRecipe's
+/// connect writes it when RTR fails on an InfiniBand port).
+inline constexpr std::string_view infiniband_lid_zero = "InfiniBand LID 0";
+/// The two ends selected GIDs of different RoCE versions (QpRecipe's connect names it).
+inline constexpr std::string_view roce_version_mismatch = "a RoCE v1 end and a RoCE v2 end";
+/// A port in PORT_INIT: the link trained but the port was never configured; on InfiniBand no
+/// subnet manager runs (Context::require_active_port writes the state this way).
+inline constexpr std::string_view port_init = "state PORT_INIT";
 } // namespace fact
 
 /// One row of the catalogue. Fields left at their wildcard match anything; the first row that
@@ -211,6 +219,14 @@ inline constexpr Diagnosis port_down_linux{
     "InfiniBand subnet manager runs.",
     "Check `ibv_devinfo -d <dev> | grep state` and `rdma link show`; `sudo ip link set <netdev> "
     "up`; InfiniBand: `sudo systemctl start opensm`."};
+
+inline constexpr Diagnosis no_subnet_manager{
+    "infiniband-no-subnet-manager",
+    "No subnet manager: an InfiniBand port gets its LID from the subnet manager, and without one it "
+    "stays in PORT_INIT with LID 0, so nothing can be addressed to it (RTR is refused).",
+    "Start a subnet manager on one node of the fabric (`sudo systemctl start opensm`, or `sudo "
+    "opensm -B`; managed switches run their own), then check that `ibstat` shows State: Active "
+    "and a non-zero Base lid on every port (`ibv_devinfo | grep -E 'state|port_lid'`)."};
 
 inline constexpr Diagnosis port_down{
     "port-not-active", "The port is not PORT_ACTIVE, so PDs, QPs and connections on it fail.",
@@ -653,6 +669,14 @@ inline constexpr Diagnosis bad_frame{
     "Run the same tbverbs version on every rank, give each job its own coordinator port and job "
     "token, and check that the side-channel address reaches this job's peer."};
 
+inline constexpr Diagnosis roce_version_mismatch{
+    "roce-version-mismatch",
+    "The two ends chose GIDs of different RoCE versions (one RoCE v1, one RoCE v2): such a QP "
+    "connects but carries no traffic (RC ends in IBV_WC_RETRY_EXC_ERR).",
+    "Use the RoCE v2 entry on both ends: unset `TBVERBS_GID_INDEX` and `TBVERBS_ROCE_VERSION` "
+    "(tbverbs then selects RoCE v2), or give each node the index `show_gids` (or `cat "
+    "/sys/class/infiniband/<dev>/ports/1/gid_attrs/types/<i>`) shows as RoCE v2."};
+
 inline constexpr Diagnosis incompatible_peer{
     "incompatible-peer",
     "The peer's endpoint does not fit the local recipe: QP type, MTU or capabilities differ.",
@@ -725,6 +749,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
 
     // Row 3 and section 3 "inactive port": PD allocation on a port that is down.
     {.platform = Platform::apple,     .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down_macos},
+    {.platform = Platform::rdma_core, .kind = ErrorKind::port_not_active, .detail_contains = fact::port_init, .diagnosis = detail::diag::no_subnet_manager},
     {.platform = Platform::rdma_core, .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down_linux},
     {                                 .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down},
     {.platform = Platform::apple, .step = Step::alloc_pd, .diagnosis = detail::diag::alloc_pd_port_down},
@@ -777,6 +802,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {                             .step = Step::create_qp, .sys_errno = ENOTSUP,    .diagnosis = detail::diag::qp_type_unsupported},
 
     // Rows 11-16: the INIT -> RTR -> RTS transitions.
+    // InfiniBand (section 4b): a LID of 0 means no subnet manager, whatever errno RTR gave.
+    {                                 .step = Step::modify_qp_rtr, .detail_contains = fact::infiniband_lid_zero, .diagnosis = detail::diag::no_subnet_manager},
     {                                 .step = Step::modify_qp_rtr, .sys_errno = EINVAL, .detail_contains = fact::gid_index_mismatch, .diagnosis = detail::diag::rtr_einval_wrong_index},
     {.platform = Platform::apple,     .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_no_ipv4_gid},
     {.platform = Platform::rdma_core, .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_einval_roce},
@@ -834,6 +861,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
 
     // Endpoints and the Thunderbolt profile's limits (section 4).
     {.kind = ErrorKind::bad_frame,         .diagnosis = detail::diag::bad_frame},
+    {.kind = ErrorKind::incompatible_peer, .detail_contains = fact::roce_version_mismatch, .diagnosis = detail::diag::roce_version_mismatch},
     {.kind = ErrorKind::incompatible_peer, .diagnosis = detail::diag::incompatible_peer},
     {.platform = Platform::apple, .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported_macos},
     {                             .kind = ErrorKind::unsupported, .diagnosis = detail::diag::unsupported},

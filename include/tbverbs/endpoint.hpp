@@ -32,17 +32,19 @@ constexpr bool has(EndpointCaps have, EndpointCaps want) noexcept {
   return (static_cast<std::uint32_t>(have) & static_cast<std::uint32_t>(want)) == static_cast<std::uint32_t>(want);
 }
 
-/// A queue pair's address and parameters as its peer needs them: QP number, PSN, LID, GID,
-/// MTU, QP type and capabilities.
+/// A queue pair's address and parameters as its peer needs them: QP number, PSN, LID, GID (with
+/// its type and the port's link layer), MTU, QP type and capabilities.
 struct Endpoint {
   std::uint32_t qp_num = 0;          ///< 24-bit QP number.
   std::uint32_t psn = 0;             ///< 24-bit initial packet sequence number of the sender.
-  std::uint16_t lid = 0;             ///< LID (0 on RoCE and Thunderbolt).
+  std::uint16_t lid = 0;             ///< LID: InfiniBand addresses by it (0 on RoCE; a LID on Thunderbolt, unused).
   std::uint8_t port = 1;             ///< The sender's port number (informational).
-  Mtu mtu = Mtu::mtu1024;            ///< Path MTU the sender will use.
+  Mtu mtu = Mtu::mtu1024;            ///< The largest path MTU the sender can use (at most its port's active MTU); RTR takes the smaller of both ends'.
   QpType qp_type = QpType::uc;       ///< Transport type; both sides must agree.
   EndpointCaps caps = EndpointCaps::none; ///< Capability bits.
   Gid gid;                           ///< The sender's source GID (its RTR sgid_index entry).
+  GidType gid_type = GidType::unknown;         ///< Its type (RoCE v1/v2, IB); unknown from older peers and on Apple.
+  LinkLayer link_layer = LinkLayer::unspecified; ///< The sender's port link layer; unspecified from older peers.
 
   /// Wire magic, "TBVE".
   static constexpr std::uint32_t magic = 0x54425645u;
@@ -66,7 +68,11 @@ struct Endpoint {
     p[18] = static_cast<std::byte>(port);
     p[19] = static_cast<std::byte>(mtu);
     p[20] = static_cast<std::byte>(qp_type);
-    // 21..23 reserved, zero
+    // 21 and 22 were reserved (zero) in the first frames of version 1: a peer that writes zero
+    // there says "unknown", so both new fields stay compatible within version 1.
+    p[21] = static_cast<std::byte>(gid_type);
+    p[22] = static_cast<std::byte>(link_layer);
+    // 23 reserved, zero
     detail::put_be<std::uint32_t>(p + 24, static_cast<std::uint32_t>(caps));
     for (std::size_t i = 0; i < 16; ++i) p[28 + i] = static_cast<std::byte>(gid.raw()[i]);
     detail::put_be<std::uint32_t>(p + 44, detail::crc32({p, 44}));
@@ -101,6 +107,9 @@ struct Endpoint {
     const auto mtu = static_cast<std::uint8_t>(p[19]);
     const auto type = static_cast<std::uint8_t>(p[20]);
     e.caps = static_cast<EndpointCaps>(detail::get_be<std::uint32_t>(p + 24));
+    const auto gid_type = static_cast<std::uint8_t>(p[21]);
+    e.gid_type = gid_type <= 3 ? static_cast<GidType>(gid_type) : GidType::unknown; // a newer type: unknown here
+    e.link_layer = static_cast<LinkLayer>(static_cast<std::uint8_t>(p[22]));
     std::array<std::uint8_t, 16> raw{};
     for (std::size_t i = 0; i < 16; ++i) raw[i] = static_cast<std::uint8_t>(p[28 + i]);
     e.gid = Gid(raw);

@@ -10,7 +10,9 @@
 #include "result.hpp"
 
 #include <dlfcn.h>
+#include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -22,6 +24,16 @@
 TBVERBS_NAMESPACE_BEGIN
 
 namespace detail {
+
+/// rdma-core's `struct ibv_gid_entry` (verbs.h, IBVERBS_1.11), declared here so no particular
+/// verbs.h is needed (Apple's may lack it); the emulated tests check it against rdma-core's.
+struct GidEntryAbi {
+  std::uint8_t gid[16];       ///< The GID value.
+  std::uint32_t gid_index;    ///< Index in its port's table.
+  std::uint32_t port_num;     ///< Port number.
+  std::uint32_t gid_type;     ///< enum ibv_gid_type: 0 IB, 1 RoCE v1, 2 RoCE v2.
+  std::uint32_t ndev_ifindex; ///< Interface index of the netdev (0: none known).
+};
 
 /// The verbs functions tbverbs calls, resolved once per loaded library. The data path
 /// (post_send, post_recv, poll_cq, req_notify_cq) is not here: like the platform header's
@@ -59,6 +71,15 @@ struct VerbsApi {
   int (*destroy_comp_channel)(abi::ibv_comp_channel* channel) = nullptr;
   int (*get_cq_event)(abi::ibv_comp_channel* channel, abi::ibv_cq** cq, void** cq_context) = nullptr;
   void (*ack_cq_events)(abi::ibv_cq* cq, unsigned int nevents) = nullptr;
+  // GID types (rdma-core 36+, IBVERBS_1.11): the whole table with types and netdevs in one call,
+  // or one entry; both return an errno (the table: its negation). Absent on older rdma-core.
+  ssize_t (*query_gid_table)(abi::ibv_context* context, GidEntryAbi* entries, std::size_t max_entries,
+                          std::uint32_t flags, std::size_t entry_size) = nullptr;
+  int (*query_gid_ex)(abi::ibv_context* context, std::uint32_t port, std::uint32_t index, GidEntryAbi* entry,
+                      std::uint32_t flags, std::size_t entry_size) = nullptr;
+  // rdma-core's private helper (IBVERBS_PRIVATE_34, what ibv_devinfo uses): the sysfs type,
+  // 0 = "IB/RoCE v1", 1 = "RoCE v2"; -1 with errno on failure.
+  int (*query_gid_type)(abi::ibv_context* context, std::uint8_t port, unsigned int index, int* type) = nullptr;
 
   /// Where the table came from (a path, or a name for fake tables).
   std::string origin;
@@ -123,6 +144,11 @@ inline std::span<const SymbolEntry> symbol_table() noexcept {
       TBVERBS_SYM(destroy_comp_channel, "IBVERBS_1.0", false),
       TBVERBS_SYM(get_cq_event, "IBVERBS_1.1", false),
       TBVERBS_SYM(ack_cq_events, "IBVERBS_1.1", false),
+      // GID types: the exported names behind verbs.h's inline ibv_query_gid_ex/_table.
+      SymbolEntry{"_ibv_query_gid_table", "IBVERBS_1.11", false,
+                  [](VerbsApi& a, void* p) { assign(a.query_gid_table, p); }},
+      SymbolEntry{"_ibv_query_gid_ex", "IBVERBS_1.11", false, [](VerbsApi& a, void* p) { assign(a.query_gid_ex, p); }},
+      TBVERBS_SYM(query_gid_type, "IBVERBS_PRIVATE_34", false),
   };
   return entries;
 }
@@ -216,6 +242,12 @@ public:
   /// True when the library exports `ibv_get_device_guid` (optional; Device::guid() is empty
   /// without it).
   bool has_device_guid() const noexcept { return api_->get_device_guid != nullptr; }
+  /// True when the library can say a GID entry's type itself (`_ibv_query_gid_table`,
+  /// `_ibv_query_gid_ex` or `ibv_query_gid_type`, all optional); without them the GID table
+  /// falls back to sysfs `gid_attrs/types/N` on Linux.
+  bool has_gid_types() const noexcept {
+    return api_->query_gid_table != nullptr || api_->query_gid_ex != nullptr || api_->query_gid_type != nullptr;
+  }
 
 private:
   explicit Library(const detail::VerbsApi* api) noexcept : api_(api) {}

@@ -75,13 +75,15 @@ public:
     r.endpoint_caps_ = EndpointCaps::equal_frames;
     return r;
   }
-  /// An rdma-core RoCE/InfiniBand NIC with reliable connections: RC, MTU 1024 (raise it with
-  /// `mtu()` up to the port's active MTU), rnr_retry 7 so an early send waits for a receive
-  /// instead of failing, retry_cnt 7, timeout 14 (~67 ms), RDMA WRITE allowed.
+  /// An rdma-core RoCE/InfiniBand NIC with reliable connections: RC, the port's active MTU (as
+  /// the selection read it; 1024 when unknown; the path MTU is the smaller of both ends'),
+  /// rnr_retry 7 so an early send waits for a receive instead of failing, retry_cnt 7,
+  /// timeout 14 (~67 ms), RDMA WRITE allowed. Addressing follows the port: a GRH to the peer's
+  /// GID on RoCE; on InfiniBand the peer's LID, with a GRH only when the subnet prefixes differ.
   static QpRecipe rdma_core_rc(const GidSelection& gid) {
     QpRecipe r(gid);
     r.type_ = QpType::rc;
-    r.mtu_ = Mtu::mtu1024;
+    r.mtu_ = gid.port_facts().known ? gid.port_facts().active_mtu : Mtu::mtu1024;
     r.hop_limit_ = 64;
     r.caps_ = {256, 256, 1, 1, 0};
     r.allow_rdma_write_ = true;
@@ -96,7 +98,9 @@ public:
 
   /// Sets the transport type.
   QpRecipe& qp_type(QpType t) noexcept { type_ = t; return *this; }
-  /// Sets the path MTU (the smaller of both sides' is used).
+  /// Sets the path MTU asked for: the endpoint advertises the smaller of it and the port's active
+  /// MTU (a larger path MTU is refused at RTR, field-failures row 16), and RTR uses the smaller
+  /// of both ends'.
   QpRecipe& mtu(Mtu m) noexcept { mtu_ = m; return *this; }
   /// Sets the queue capacities to ask for.
   QpRecipe& capacities(const QpCapacities& c) noexcept { caps_ = c; return *this; }
@@ -121,6 +125,21 @@ public:
   QpType type() const noexcept { return type_; }
   /// The path MTU asked for.
   Mtu path_mtu() const noexcept { return mtu_; }
+  /// The MTU this side advertises: path_mtu(), capped by the port's active MTU where the
+  /// selection knows it.
+  Mtu local_mtu() const noexcept {
+    const GidPortFacts& f = gid_.port_facts();
+    if (!f.known) return mtu_;
+    return static_cast<int>(f.active_mtu) < static_cast<int>(mtu_) ? f.active_mtu : mtu_;
+  }
+  /// True when RTR toward `remote` uses a GRH: always on RoCE and Thunderbolt; on InfiniBand only
+  /// when the peer's subnet prefix (the upper 64 bits of its GID) differs from ours.
+  bool uses_grh(const Endpoint& remote) const noexcept {
+    if (!gid_.is_infiniband()) return true;
+    for (int i = 0; i < 8; ++i)
+      if (remote.gid.raw()[static_cast<std::size_t>(i)] != gid_.gid().raw()[static_cast<std::size_t>(i)]) return true;
+    return false;
+  }
   /// The capacities asked for.
   const QpCapacities& requested_capacities() const noexcept { return caps_; }
   /// True when the connected QP may rdma_write.
@@ -150,17 +169,22 @@ public:
     return t;
   }
   /// INIT → RTR toward `remote`: its QP number, PSN and GID as destination; the source GID
-  /// index is the selection's index, the same entry `local_endpoint()` advertises.
+  /// index is the selection's index, the same entry `local_endpoint()` advertises. The path MTU
+  /// is the smaller of both ends' (local_mtu() and the peer's advertised MTU). On InfiniBand
+  /// within one subnet the peer is addressed by its LID alone (`is_global` 0).
   QpTransition rtr_transition(const Endpoint& remote) const noexcept {
     QpTransition t;
     t.attr.qp_state = abi::IBV_QPS_RTR;
-    t.attr.path_mtu = static_cast<abi::ibv_mtu>(std::min(static_cast<int>(mtu_), static_cast<int>(remote.mtu)));
+    t.attr.path_mtu =
+        static_cast<abi::ibv_mtu>(std::min(static_cast<int>(local_mtu()), static_cast<int>(remote.mtu)));
     t.attr.dest_qp_num = remote.qp_num;
     t.attr.rq_psn = remote.psn;
-    t.attr.ah_attr.is_global = 1;
-    std::copy(remote.gid.raw().begin(), remote.gid.raw().end(), t.attr.ah_attr.grh.dgid.raw);
-    t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
-    t.attr.ah_attr.grh.hop_limit = hop_limit_;
+    if (uses_grh(remote)) {
+      t.attr.ah_attr.is_global = 1;
+      std::copy(remote.gid.raw().begin(), remote.gid.raw().end(), t.attr.ah_attr.grh.dgid.raw);
+      t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
+      t.attr.ah_attr.grh.hop_limit = hop_limit_;
+    }
     t.attr.ah_attr.dlid = remote.lid;
     t.attr.ah_attr.sl = 0;
     t.attr.ah_attr.src_path_bits = 0;
@@ -195,10 +219,12 @@ public:
     e.psn = psn & 0xffffffu;
     e.lid = lid;
     e.port = gid_.port();
-    e.mtu = mtu_;
+    e.mtu = local_mtu();
     e.qp_type = type_;
     e.caps = endpoint_caps_;
     e.gid = gid_.gid();
+    e.gid_type = gid_.type();
+    e.link_layer = gid_.port_facts().link_layer;
     return e;
   }
 
@@ -238,9 +264,11 @@ public:
   /// The raw `ibv_qp*` (for inspection; do not post on it).
   abi::ibv_qp* native_handle() const noexcept { return owned_.get(); }
 
-  /// Connects to `remote`: checks that the peer fits (same QP type, a set GID), re-reads the
-  /// selected GID entry (a changed table is `gid_stale`, not a silent RTR failure), then
-  /// INIT → RTR → RTS. Errors carry the device, port and GID index, and the diagnosis.
+  /// Connects to `remote`: checks that the peer fits (same QP type, a set GID, the same link
+  /// layer and RoCE version where both ends say them: a RoCE v1 end and a v2 end connect but
+  /// never carry traffic), re-reads the selected GID entry (a changed table is `gid_stale`, not a
+  /// silent RTR failure), then INIT → RTR → RTS. Errors carry the device, port and GID index,
+  /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager).
   [[nodiscard]] Result<QueuePair> connect(const Endpoint& remote) && {
     const GidSelection& sel = recipe_.gid();
     auto peer_error = [&](const std::string& why) {
@@ -252,6 +280,15 @@ public:
                         std::to_string(static_cast<int>(recipe_.type())));
     if (remote.gid.is_zero())
       return peer_error("the peer advertised an unset (zero) GID: its port has no usable GID entry");
+    const LinkLayer ll = sel.port_facts().link_layer;
+    if (remote.link_layer != LinkLayer::unspecified && ll != LinkLayer::unspecified && remote.link_layer != ll)
+      return peer_error("the peer's port is " + std::string(link_layer_name(remote.link_layer)) + ", this one " +
+                        std::string(link_layer_name(ll)) + ": both ends of a QP must be on the same fabric");
+    if ((remote.gid_type == GidType::roce_v1 || remote.gid_type == GidType::roce_v2) &&
+        (sel.type() == GidType::roce_v1 || sel.type() == GidType::roce_v2) && remote.gid_type != sel.type())
+      return peer_error(std::string(fact::roce_version_mismatch) + " connect but never carry traffic: local " +
+                        sel.describe() + ", the peer's GID " + remote.gid.to_string() + " is " +
+                        std::string(gid_type_name(remote.gid_type)));
     if (auto r = sel.revalidate(); !r) return fail(r.error());
 
     auto step = [&](Step s, const QpTransition& t) -> Result<void> {
@@ -259,8 +296,12 @@ public:
       if (const int rc = info_->api->modify_qp(owned_.get(), &copy.attr, copy.mask); rc != 0) {
         Error e = Error::from_return(s, rc);
         info_->stamp(e, sel.port(), sel.index());
-        e.with_detail("local GID " + sel.gid().to_string() + " -> remote GID " + remote.gid.to_string() +
-                      ", remote QP " + std::to_string(remote.qp_num));
+        std::string d = "local " + sel.describe() + " -> remote GID " + remote.gid.to_string() + ", remote QP " +
+                        std::to_string(remote.qp_num);
+        if (sel.is_infiniband() && (sel.port_facts().lid == 0 || remote.lid == 0))
+          d = std::string(fact::infiniband_lid_zero) + " (local " + std::to_string(sel.port_facts().lid) +
+              ", remote " + std::to_string(remote.lid) + "); " + d;
+        e.with_detail(d);
         return fail(e);
       }
       return {};

@@ -76,6 +76,27 @@ constexpr std::string_view link_layer_name(LinkLayer l) noexcept {
   return "unknown";
 }
 
+/// The type of a GID table entry: which packets a QP whose RTR source is that entry sends
+/// (rdma-core's `enum ibv_gid_type` and the sysfs `gid_attrs/types/N` strings).
+enum class GidType : std::uint8_t {
+  unknown = 0, ///< Not known: no type source (Apple's driver publishes none), or the read failed.
+  ib = 1,      ///< InfiniBand (sysfs prints "IB/RoCE v1" on an InfiniBand port).
+  roce_v1 = 2, ///< RoCE v1: raw Ethernet frames, not routable across IP subnets.
+  roce_v2 = 3, ///< RoCE v2: UDP/IP, routable; what NCCL, UCX and perftest choose by default.
+};
+
+/// Printable name of a GID type as `show_gids` and `ibv_devinfo -v` print it ("RoCE v2",
+/// "RoCE v1", "IB"); "unknown" when not known.
+constexpr std::string_view gid_type_name(GidType t) noexcept {
+  switch (t) {
+  case GidType::ib: return "IB";
+  case GidType::roce_v1: return "RoCE v1";
+  case GidType::roce_v2: return "RoCE v2";
+  case GidType::unknown: break;
+  }
+  return "unknown";
+}
+
 /// Memory-region access rights (bits of `enum ibv_access_flags`). Combine with `|`.
 enum class Access : int {
   none = 0,           ///< Local read only (enough for a buffer that is only sent from).
