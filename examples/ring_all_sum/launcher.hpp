@@ -30,22 +30,37 @@
 
 namespace ring {
 
+/// The device of cable c on one side of a host in the local ring: Thunderbolt's rdma_enN, or
+/// mlx5_N on the rdma-core profiles (so the library treats them as rdma-core NICs).
+inline std::string ring_device_name(const std::string& profile, int c, bool right) {
+  if (profile == "thunderbolt") return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1));
+  return "mlx5_" + std::to_string(2 * c + (right ? 1 : 0));
+}
+
 /// The fabric of an N-host ring with `cables` cables between neighbours: cable c of hop h joins
 /// host h's rdma_en{2c+2} and host h+1's rdma_en{2c+1}, with 10.{99+c}.h.1/30 and 10.{99+c}.h.2/30
 /// on its two ends (one subnet per cable, as Thunderbolt wants). `quirks` ("name=value") go into
 /// the fabric's "quirks" object: the contested readings of Apple's driver the emulator plays.
-inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::string>& quirks = {}) {
+/// `profile` is the emulator's: thunderbolt (devices rdma_enN), or rdma-core-rc, rdma-core-roce,
+/// rdma-core-ib (devices mlx5_N; InfiniBand ports get no IPv4 address: IB has no IPv4 GID).
+inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::string>& quirks = {},
+                                  const std::string& profile = "thunderbolt") {
   nlohmann::json hosts = nlohmann::json::array(), wires = nlohmann::json::array();
   auto ip = [](int c, int hop, int end) {
     return "10." + std::to_string(99 + c) + "." + std::to_string(hop) + "." + std::to_string(end) + "/30";
   };
-  auto dev = [](int c, bool right) { return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1)); };
+  auto dev = [&](int c, bool right) { return ring_device_name(profile, c, right); };
   for (int h = 0; h < n; ++h) {
     const int left_hop = (h + n - 1) % n;
     nlohmann::json devices = nlohmann::json::array();
     for (int c = 0; c < cables; ++c) {
-      devices.push_back({{"name", dev(c, false)}, {"ports", {{{"port", 1}, {"ipv4", ip(c, left_hop, 2)}}}}});
-      devices.push_back({{"name", dev(c, true)}, {"ports", {{{"port", 1}, {"ipv4", ip(c, h, 1)}}}}});
+      nlohmann::json left = {{"port", 1}}, right = {{"port", 1}};
+      if (profile != "rdma-core-ib") {
+        left["ipv4"] = ip(c, left_hop, 2);
+        right["ipv4"] = ip(c, h, 1);
+      }
+      devices.push_back({{"name", dev(c, false)}, {"ports", {left}}});
+      devices.push_back({{"name", dev(c, true)}, {"ports", {right}}});
     }
     hosts.push_back({{"name", "host" + std::to_string(h)}, {"devices", devices}});
   }
@@ -53,7 +68,7 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
     for (int c = 0; c < cables; ++c)
       wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
                        "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
-  nlohmann::json f = {{"profile", "thunderbolt"}, {"hosts", hosts}, {"cables", wires}};
+  nlohmann::json f = {{"profile", profile}, {"hosts", hosts}, {"cables", wires}};
   if (!quirks.empty()) {
     nlohmann::json q = nlohmann::json::object();
     for (const auto& kv : quirks) {
@@ -69,8 +84,8 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
 /// (a string for one cable), null on the diagonal and between non-neighbours; entry k on rank i and
 /// entry k on rank j are the same cable. With two ranks both hops join the same pair: the entry
 /// lists hop 0's cables at even positions and hop 1's at odd ones, in the same order on both ranks.
-inline nlohmann::json ring_devices(int n, int cables = 1) {
-  auto dev = [](int c, bool right) { return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1)); };
+inline nlohmann::json ring_devices(int n, int cables = 1, const std::string& profile = "thunderbolt") {
+  auto dev = [&](int c, bool right) { return ring_device_name(profile, c, right); };
   auto one_or_list = [](nlohmann::json l) { return l.size() == 1 ? l[0] : l; };
   nlohmann::json m = nlohmann::json::array();
   for (int i = 0; i < n; ++i) {
@@ -124,6 +139,7 @@ struct LocalOptions {
   bool keep = false;                // keep the temporary directory
   int cables = 1;                   // cables between neighbours
   std::vector<std::string> quirks;  // "name=value": readings of Apple's driver the emulator plays
+  std::string profile = "thunderbolt";  // the emulator's profile of the generated fabric
 };
 
 struct RankProcess {
@@ -160,19 +176,19 @@ inline int run_local(const LocalOptions& o) {
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
-    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks).dump(2) << "\n";
+    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks, o.profile).dump(2) << "\n";
   }
   const std::string devices = (dir / "devices.json").string();
-  std::ofstream(devices) << ring_devices(n, o.cables).dump() << "\n";
+  std::ofstream(devices) << ring_devices(n, o.cables, o.profile).dump() << "\n";
   // An existing fabric file keeps its own quirks; --quirk reaches the ranks through the
   // emulator's environment variable instead.
   std::string quirk_env;
   for (const auto& q : o.quirks) quirk_env += (quirk_env.empty() ? "" : ",") + q;
   const int port = free_port();
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
-  std::printf("local ring of %d emulated hosts (%d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
-              n, o.cables, o.cables == 1 ? "" : "s", quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(),
-              fabric.c_str(), devices.c_str(), coordinator.c_str());
+  std::printf("local ring of %d emulated hosts (profile %s, %d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
+              n, o.fabric.empty() ? o.profile.c_str() : "of the fabric file", o.cables, o.cables == 1 ? "" : "s",
+              quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(), fabric.c_str(), devices.c_str(), coordinator.c_str());
   std::fflush(stdout);
 
   std::vector<RankProcess> ranks(static_cast<std::size_t>(n));

@@ -207,6 +207,7 @@ struct Options {
   bool csv = false, quiet = false, keep = false;
   std::string fabric, write_fabric, memory = "auto";
   std::vector<std::string> quirks;
+  std::string profile = "thunderbolt";
   int cables = 1;
   int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
 };
@@ -446,7 +447,7 @@ int run_rank(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"ring_all_sum: a verified ring all_sum (reduce-scatter + all-gather, both ring directions) on tbverbs"};
   Options o;
-  app.add_option("--local", o.local, "Run N ranks on an emulated Thunderbolt ring on this machine");
+  app.add_option("--local", o.local, "Run N ranks on an emulated ring on this machine (Thunderbolt unless --profile)");
   app.add_option("--rank", o.rank, "This process' rank (default: $JACCL_RANK or $MLX_RANK)");
   app.add_option("--coordinator", o.coordinator, "host:port of rank 0 (default: $JACCL_COORDINATOR or $MLX_JACCL_COORDINATOR)");
   app.add_option("--devices", o.devices, "JACCL-style device file (default: $JACCL_IBV_DEVICES or $MLX_IBV_DEVICES)");
@@ -478,6 +479,11 @@ int main(int argc, char** argv) {
                  "e.g. empty_rq=drop, macos=26.2, mr_access=remote_required, completion_channels=on");
   app.add_option("--cables", o.cables, "--local: cables between neighbours (each one carries traffic)")
       ->capture_default_str();
+  app.add_option("--profile", o.profile,
+                 "--local: the emulated NICs: thunderbolt (Apple's driver, UC), rdma-core-rc, rdma-core-roce (mlx5: "
+                 "RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); see docs/rdma-core.md")
+      ->check(CLI::IsMember({"thunderbolt", "rdma-core-rc", "rdma-core-roce", "rdma-core-ib"}))
+      ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)");
   app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)");
   app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank or --stop-rank")
@@ -490,7 +496,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!o.write_fabric.empty()) {
-      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks).dump(2) << "\n";
+      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks, o.profile).dump(2) << "\n";
       std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
       return 0;
     }
@@ -512,19 +518,20 @@ int main(int argc, char** argv) {
     lo.keep = o.keep;
     lo.cables = o.cables;
     lo.quirks = o.quirks;
+    lo.profile = o.profile;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto takes_value = [&](const char* name) { return a == name; };
       if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") || takes_value("--stop-rank") ||
           takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric") ||
-          takes_value("--quirk") || takes_value("--cables")) {
+          takes_value("--quirk") || takes_value("--cables") || takes_value("--profile")) {
         ++i;
         continue;
       }
       if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
           a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
-          a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0)
+          a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0 || a.rfind("--profile=", 0) == 0)
         continue;
       lo.args.push_back(a);
     }

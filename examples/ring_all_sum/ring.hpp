@@ -226,8 +226,8 @@ inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
     for (std::size_t c = 0; c < cables_[s].size(); ++c) {
       const auto& g = *cables_[s][c]->gid;
       say(cfg_, std::string(side_name[s]) + " cable " + std::to_string(c) + " to rank " + std::to_string(peer) + ": " +
-                    cables_[s][c]->name + " port " + std::to_string(g.port()) + " GID[" + std::to_string(g.index()) +
-                    "] " + g.gid().to_string() + " (" + std::string(g.reason()) + ")");
+                    cables_[s][c]->name + " port " + std::to_string(g.port()) + " " + g.describe() + " (" +
+                    std::string(g.reason()) + ")");
     }
   }
   return {};

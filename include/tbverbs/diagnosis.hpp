@@ -751,6 +751,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {.platform = Platform::apple,     .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down_macos},
     {.platform = Platform::rdma_core, .kind = ErrorKind::port_not_active, .detail_contains = fact::port_init, .diagnosis = detail::diag::no_subnet_manager},
     {.platform = Platform::rdma_core, .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down_linux},
+    {                                 .kind = ErrorKind::port_not_active, .detail_contains = fact::port_init, .diagnosis = detail::diag::no_subnet_manager},
     {                                 .kind = ErrorKind::port_not_active, .diagnosis = detail::diag::port_down},
     {.platform = Platform::apple, .step = Step::alloc_pd, .diagnosis = detail::diag::alloc_pd_port_down},
 

@@ -151,12 +151,13 @@ public:
   bool is_infiniband() const noexcept { return facts_.link_layer == LinkLayer::infiniband; }
   /// Why this entry was chosen, naming the rule ("first RoCE v2 IPv4 entry").
   std::string_view reason() const noexcept { return reason_; }
-  /// "GID[3] ::ffff:10.0.0.1 RoCE v2 (eth0)": index, value, type and netdev where known, as
-  /// set-up lines and `show_gids` name an entry.
+  /// "GID[3] ::ffff:10.0.0.1 RoCE v2 netdev eth0": index, value, type and netdev where known,
+  /// as set-up lines and `show_gids` name an entry (on InfiniBand also the port's LID).
   std::string describe() const {
     std::string s = "GID[" + std::to_string(index_) + "] " + gid_.to_string();
     if (type_ != GidType::unknown) s += " " + std::string(gid_type_name(type_));
-    if (!netdev_.empty()) s += " (" + std::string(netdev_.view()) + ")";
+    if (!netdev_.empty()) s += " netdev " + std::string(netdev_.view());
+    if (is_infiniband()) s += " LID " + std::to_string(facts_.lid);
     return s;
   }
 

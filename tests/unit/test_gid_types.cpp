@@ -70,7 +70,7 @@ TEST_CASE("regression: on mlx5 the first ::ffff: entry is RoCE v1 and select() t
   CHECK(s->index() == 3);
   CHECK(s->type() == GidType::roce_v2);
   CHECK(s->reason() == "first RoCE v2 IPv4 entry");
-  CHECK(s->describe() == "GID[3] ::ffff:10.0.0.1 RoCE v2 (eth0)");
+  CHECK(s->describe() == "GID[3] ::ffff:10.0.0.1 RoCE v2 netdev eth0");
   CHECK(s->netdev() == "eth0");
 }
 
@@ -186,7 +186,7 @@ TEST_CASE("regression: an InfiniBand port has no IPv4-mapped GID and is selected
   CHECK(s->is_infiniband());
   CHECK(s->port_facts().lid == 7);
   CHECK(s->reason() == "InfiniBand port GID (addressing by LID)");
-  CHECK(s->describe() == "GID[0] fe80::248a:703:49:5c2e IB");
+  CHECK(s->describe() == "GID[0] fe80::248a:703:49:5c2e IB LID 7");
   // Old kernels report link layer 0 for InfiniBand: a LID and no IPv4 entry tell it apart.
   const GidTable old = mlx5({{G("fe80::1"), GidType::unknown, ""}}, {LinkLayer::unspecified, 3, Mtu::mtu2048, true});
   CHECK(old.is_infiniband());
@@ -378,7 +378,7 @@ TEST_CASE("without a type verb the table reads sysfs gid_attrs/types and ndevs u
   auto s = t->select();
   REQUIRE(s);
   CHECK(s->index() == 3);
-  CHECK(s->describe() == "GID[3] ::ffff:10.0.0.1 RoCE v2 (enp1s0f0np0)");
+  CHECK(s->describe() == "GID[3] ::ffff:10.0.0.1 RoCE v2 netdev enp1s0f0np0");
   // On an InfiniBand port the same "IB/RoCE v1" string means IB.
   f.link_layer = 1;
   auto ib = ctx->gid_table(1);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# ring_all_sum on the emulated rdma-core profiles (issue 11): mlx5 RoCE (every address as a RoCE v1
+# and a RoCE v2 entry) and InfiniBand (LIDs, no IPv4 GIDs). Asserts on the launcher's exit code and
+# on the set-up lines, which name each chosen GID's index and type.
+#   ring_profile_test.sh <ring_all_sum> <case> <ranks> [ring args...]
+set -u
+RING=$1; CASE=$2; N=$3; shift 3
+WORK=$(mktemp -d /tmp/tbverbs-ring-profile-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+OUT=$WORK/out.txt
+fail() { echo "---- output ----"; cat "$OUT"; echo "----------------"; echo "FAIL: $*"; exit 1; }
+expect() { grep -Eq -- "$1" "$OUT" || fail "expected a line matching: $1"; }
+expect_not() { ! grep -Eq -- "$1" "$OUT" || fail "unexpected line matching: $1"; }
+expect_count() {
+  local got; got=$(grep -Ec -- "$1" "$OUT"); [ "$got" -eq "$2" ] || fail "expected $2 lines matching '$1', got $got"
+}
+run() { echo "+ $RING $*" >"$OUT"; "$RING" "$@" >>"$OUT" 2>&1; RC=$?; }
+verified() {
+  [ $RC -eq 0 ] || fail "launcher exited $RC"
+  expect "launcher: all $N ranks exited 0"
+  expect_not "MISMATCH|FAILED"
+  expect "all_sum .*: verified$"
+}
+
+case "$CASE" in
+  roce)
+    # Default selection: the RoCE v2 IPv4 entry (index 3 of fe80 v1/v2, ::ffff v1/v2), never v1.
+    run --local "$N" --profile rdma-core-roce "$@"
+    verified
+    expect_count "cable 0 to rank [0-9]+: mlx5_[01] port 1 GID\[3\] ::ffff:[0-9.]+ RoCE v2 netdev mlx5_[01]p1 \(first RoCE v2 IPv4 entry\)" $((2 * N))
+    expect_not "RoCE v1"
+    ;;
+  roce_v1_asked)
+    # TBVERBS_ROCE_VERSION=1 on every rank (a fabric set up for v1, one L2 segment): index 2, RoCE v1.
+    TBVERBS_ROCE_VERSION=1 run --local "$N" --profile rdma-core-roce "$@"
+    verified
+    expect_count "GID\[2\] ::ffff:[0-9.]+ RoCE v1 .*TBVERBS_ROCE_VERSION=1" $((2 * N))
+    ;;
+  ib)
+    # InfiniBand: the port GID at index 0, addressed by LID.
+    run --local "$N" --profile rdma-core-ib "$@"
+    verified
+    expect_count "GID\[0\] fe80:[0-9a-f:]+ IB LID [1-9][0-9]* \(InfiniBand port GID \(addressing by LID\)\)" $((2 * N))
+    expect_not "::ffff:"
+    ;;
+  ib_no_subnet_manager)
+    # One host's ports have LID 0 (no opensm): that rank fails with the no-subnet-manager remedy,
+    # the others stop on their own (no hang).
+    "$RING" --local "$N" --profile rdma-core-ib --write-fabric "$WORK/fabric.json" >"$OUT" 2>&1 || fail "write-fabric"
+    python3 - "$WORK/fabric.json" <<'PY' || fail "could not edit the fabric"
+import json, sys
+p = sys.argv[1]; f = json.load(open(p))
+for h in f["hosts"]:
+    if h["name"] == "host1":
+        for d in h["devices"]:
+            for port in d["ports"]: port["lid"] = 0
+json.dump(f, open(p, "w"))
+PY
+    TBVERBS_EMU_STATE_DIR="$WORK/state" run --local "$N" --profile rdma-core-ib --fabric "$WORK/fabric.json" "$@"
+    [ $RC -ne 0 ] || fail "the launcher succeeded on a port without a LID"
+    expect "rank 1: FAILED during .*PORT_INIT"
+    expect "\[rank 1\]   cause: No subnet manager"
+    expect "rank 0: FAILED during .*rank 1 aborted: state PORT_INIT"
+    expect_count "cause: No subnet manager" "$N"
+    expect "opensm"
+    expect_not "HUNG"
+    ;;
+  *) echo "unknown case $CASE"; exit 2 ;;
+esac
+echo "PASS: $CASE"
