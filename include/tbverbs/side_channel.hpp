@@ -8,7 +8,10 @@
 #pragma once
 
 #include "config.hpp"
+#include "detail/side_channel_frame.hpp"
+#include "detail/socket.hpp"
 #include "error.hpp"
+#include "host_port.hpp"
 #include "result.hpp"
 
 #include <algorithm>
@@ -47,55 +50,6 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// A point in time after which a side-channel wait gives up with ErrorKind::timeout.
-using SideChannelDeadline = std::chrono::steady_clock::time_point;
-
-/// A parsed "host:port" (or "[ipv6]:port") address.
-struct HostPort {
-  std::string host;       ///< Host name or numeric address; empty means "any local address".
-  std::uint16_t port = 0; ///< TCP port; 0 asks the system for a free one (listening only).
-
-  /// "host:port", with brackets around an IPv6 literal.
-  std::string to_string() const {
-    const bool v6 = host.find(':') != std::string::npos;
-    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  }
-};
-
-/// Parses "host:port", "[ipv6]:port" or ":port" (any local address). A bare IPv6 address without
-/// brackets is refused because its last colon is ambiguous.
-/// Fails with ErrorKind::invalid_argument naming what is wrong.
-[[nodiscard]] inline Result<HostPort> parse_host_port(std::string_view text) {
-  auto bad = [&](const char* why) {
-    return fail(Error::make(Step::side_channel, ErrorKind::invalid_argument,
-                            "address \"" + std::string(text.substr(0, 120)) + "\": " + why));
-  };
-  HostPort hp;
-  std::string_view port;
-  if (!text.empty() && text.front() == '[') {
-    const auto close = text.find(']');
-    if (close == std::string_view::npos) return bad("missing ']' after the IPv6 address");
-    hp.host = std::string(text.substr(1, close - 1));
-    if (close + 1 >= text.size() || text[close + 1] != ':') return bad("missing \":port\"");
-    port = text.substr(close + 2);
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon == std::string_view::npos) return bad("missing \":port\"");
-    if (text.find(':') != colon) return bad("put an IPv6 address in brackets: [addr]:port");
-    hp.host = std::string(text.substr(0, colon));
-    port = text.substr(colon + 1);
-  }
-  if (port.empty() || port.size() > 5) return bad("the port must be a number from 0 to 65535");
-  unsigned value = 0;
-  for (char ch : port) {
-    if (ch < '0' || ch > '9') return bad("the port must be a number from 0 to 65535");
-    value = value * 10 + static_cast<unsigned>(ch - '0');
-  }
-  if (value > 65535) return bad("the port must be a number from 0 to 65535");
-  hp.port = static_cast<std::uint16_t>(value);
-  return hp;
-}
-
 /// A 64-bit job token derived from any text (FNV-1a), e.g. a launcher's job id or an environment
 /// variable, so that every rank of one job computes the same token and a stray rank of another
 /// job is refused.
@@ -128,519 +82,7 @@ struct SideChannelOptions {
 };
 
 namespace detail {
-/// Internals of the side channel: frame codec, sockets and per-connection state.
 namespace sc {
-
-/// "TBSC": the first four bytes of every frame.
-inline constexpr std::uint32_t frame_magic = 0x54425343u;
-/// The frame layout this build speaks. Magic and version stay at bytes 0..5 in every version.
-inline constexpr std::uint16_t protocol_version = 1;
-/// Size of the fixed frame header.
-inline constexpr std::size_t header_bytes = 32;
-
-/// What a frame carries.
-enum class FrameType : std::uint16_t {
-  hello = 1,   ///< rank, size, listen port: identifies a connecting rank.
-  welcome,     ///< rank 0 to the others: everyone joined, plus every rank's mesh address.
-  gather_in,   ///< A rank's all_gather contribution, to rank 0.
-  gather_out,  ///< Every rank's contribution, from rank 0.
-  barrier_in,  ///< A rank reached the barrier, to rank 0.
-  barrier_out, ///< Everyone reached the barrier, from rank 0.
-  data,        ///< A point-to-point message.
-  abort,       ///< The sender gave up: error kind, the rank where it started, and why.
-};
-/// One past the largest FrameType value.
-inline constexpr std::uint16_t frame_type_end = 9;
-
-/// A printable name for a frame type.
-constexpr std::string_view type_name(FrameType t) noexcept {
-  switch (t) {
-  case FrameType::hello:
-    return "hello";
-  case FrameType::welcome:
-    return "welcome";
-  case FrameType::gather_in:
-  case FrameType::gather_out:
-    return "all_gather";
-  case FrameType::barrier_in:
-  case FrameType::barrier_out:
-    return "barrier";
-  case FrameType::data:
-    return "data";
-  case FrameType::abort:
-    return "abort";
-  }
-  return "unknown";
-}
-/// True for the frames of a collective (which must be called in the same order on every rank).
-constexpr bool is_collective(FrameType t) noexcept {
-  return t == FrameType::gather_in || t == FrameType::gather_out || t == FrameType::barrier_in ||
-         t == FrameType::barrier_out;
-}
-
-/// The decoded fixed header, all fields in host order. Wire layout (big-endian):
-/// magic u32 | version u16 | type u16 | job token u64 | sender u32 | length u32 |
-/// payload CRC-32 u32 | header CRC-32 u32 (over the 28 bytes before it).
-struct FrameHeader {
-  std::uint32_t magic = frame_magic;        ///< Must be frame_magic.
-  std::uint16_t version = protocol_version; ///< Must not be newer than protocol_version.
-  std::uint16_t type = 0;                   ///< A FrameType.
-  std::uint64_t job_token = 0;              ///< The sender's job token.
-  std::uint32_t sender = 0;                 ///< The sender's rank.
-  std::uint32_t length = 0;                 ///< Payload bytes after the header.
-  std::uint32_t payload_crc = 0;            ///< CRC-32 of the payload.
-  std::uint32_t header_crc = 0;             ///< CRC-32 of header bytes 0..27.
-};
-
-/// A received, validated frame.
-struct Frame {
-  FrameType type = FrameType::data; ///< What it carries.
-  int sender = -1;                  ///< The sender's rank.
-  std::vector<std::byte> payload;   ///< Its payload.
-};
-
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup tables for slicing-by-8:
-/// table[0] is the classic byte table, table[k] advances a byte k positions further.
-inline constexpr auto crc32_tables = [] {
-  std::array<std::array<std::uint32_t, 256>, 8> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k)
-      c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (std::size_t k = 1; k < 8; ++k)
-    for (std::size_t i = 0; i < 256; ++i)
-      t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
-  return t;
-}();
-
-/// CRC-32 of `data` (crc32("123456789") == 0xCBF43926). Eight bytes per step (slicing-by-8,
-/// several times faster than a byte at a time: the side channel checksums up to 64 MiB frames).
-constexpr std::uint32_t crc32(std::span<const std::byte> data) noexcept {
-  const auto& t = crc32_tables;
-  std::uint32_t c = 0xFFFFFFFFu;
-  const std::byte* p = data.data();
-  std::size_t n = data.size();
-  auto u = [](std::byte b) { return static_cast<std::uint32_t>(b); };
-  for (; n >= 8; n -= 8, p += 8) {
-    const std::uint32_t lo = c ^ (u(p[0]) | u(p[1]) << 8 | u(p[2]) << 16 | u(p[3]) << 24);
-    const std::uint32_t hi = u(p[4]) | u(p[5]) << 8 | u(p[6]) << 16 | u(p[7]) << 24;
-    c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
-  }
-  for (; n > 0; --n, ++p)
-    c = t[0][(c ^ u(*p)) & 0xFFu] ^ (c >> 8);
-  return ~c;
-}
-
-/// Writes `v` big-endian into `p[0..n)`.
-inline void put_be(std::byte* p, std::uint64_t v, int n) noexcept {
-  for (int i = n - 1; i >= 0; --i) {
-    p[i] = static_cast<std::byte>(v & 0xFFu);
-    v >>= 8;
-  }
-}
-/// Reads `n` big-endian bytes from `p`.
-inline std::uint64_t get_be(const std::byte* p, int n) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i)
-    v = (v << 8) | static_cast<std::uint64_t>(p[i]);
-  return v;
-}
-
-/// Serialises `h` into `out`, computing the header CRC (h.header_crc is ignored).
-inline void encode_header(const FrameHeader& h, std::span<std::byte, header_bytes> out) noexcept {
-  std::byte* p = out.data();
-  put_be(p + 0, h.magic, 4);
-  put_be(p + 4, h.version, 2);
-  put_be(p + 6, h.type, 2);
-  put_be(p + 8, h.job_token, 8);
-  put_be(p + 16, h.sender, 4);
-  put_be(p + 20, h.length, 4);
-  put_be(p + 24, h.payload_crc, 4);
-  put_be(p + 28, crc32(std::span<const std::byte>(p, 28)), 4);
-}
-
-/// A header for a frame of `type` carrying `payload`, with its length and payload CRC filled in.
-inline FrameHeader make_header(FrameType type, std::uint64_t token, int sender,
-                               std::span<const std::byte> payload) noexcept {
-  FrameHeader h;
-  h.type = static_cast<std::uint16_t>(type);
-  h.job_token = token;
-  h.sender = static_cast<std::uint32_t>(sender);
-  h.length = static_cast<std::uint32_t>(payload.size());
-  h.payload_crc = crc32(payload);
-  return h;
-}
-
-/// Header and payload in one buffer (tests write such buffers, corrupted or not, to sockets).
-inline std::vector<std::byte> encode_frame(const FrameHeader& h, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(header_bytes + payload.size());
-  encode_header(h, std::span<std::byte, header_bytes>(out.data(), header_bytes));
-  if (!payload.empty()) std::memcpy(out.data() + header_bytes, payload.data(), payload.size());
-  return out;
-}
-
-/// Decodes and checks a header received from `from` ("rank 2", or an address before the rank is
-/// known): magic, version, header CRC, job token, type and length cap, in that order. Any failure
-/// is ErrorKind::bad_frame naming what was wrong and who sent it.
-inline Result<FrameHeader> decode_header(std::span<const std::byte, header_bytes> in,
-                                         std::uint64_t expected_token, std::uint32_t max_length,
-                                         std::string_view from) {
-  const std::byte* p = in.data();
-  FrameHeader h;
-  h.magic = static_cast<std::uint32_t>(get_be(p + 0, 4));
-  h.version = static_cast<std::uint16_t>(get_be(p + 4, 2));
-  h.type = static_cast<std::uint16_t>(get_be(p + 6, 2));
-  h.job_token = get_be(p + 8, 8);
-  h.sender = static_cast<std::uint32_t>(get_be(p + 16, 4));
-  h.length = static_cast<std::uint32_t>(get_be(p + 20, 4));
-  h.payload_crc = static_cast<std::uint32_t>(get_be(p + 24, 4));
-  h.header_crc = static_cast<std::uint32_t>(get_be(p + 28, 4));
-  char buf[256];
-  const std::string who(from.substr(0, 64));
-  auto bad = [&] { return fail(Error::make(Step::side_channel, ErrorKind::bad_frame, buf)); };
-  if (h.magic != frame_magic) {
-    std::snprintf(buf, sizeof buf,
-                  "%s sent a frame with foreign magic 0x%08x (not a tbverbs side channel: wrong port?)",
-                  who.c_str(), static_cast<unsigned>(h.magic));
-    return bad();
-  }
-  if (h.version > protocol_version || h.version == 0) {
-    std::snprintf(buf, sizeof buf,
-                  "%s speaks side-channel protocol version %u, this build speaks %u: run the same "
-                  "tbverbs version on every host",
-                  who.c_str(), static_cast<unsigned>(h.version), static_cast<unsigned>(protocol_version));
-    return bad();
-  }
-  if (crc32(std::span<const std::byte>(p, 28)) != h.header_crc) {
-    std::snprintf(buf, sizeof buf, "%s sent a frame whose header checksum does not match (corrupt frame)",
-                  who.c_str());
-    return bad();
-  }
-  if (h.job_token != expected_token) {
-    std::snprintf(buf, sizeof buf,
-                  "%s has job token 0x%016llx, this rank 0x%016llx: a rank of another job, or ranks "
-                  "started with different tokens",
-                  who.c_str(), static_cast<unsigned long long>(h.job_token),
-                  static_cast<unsigned long long>(expected_token));
-    return bad();
-  }
-  if (h.type == 0 || h.type >= frame_type_end) {
-    std::snprintf(buf, sizeof buf, "%s sent a frame of unknown type %u", who.c_str(),
-                  static_cast<unsigned>(h.type));
-    return bad();
-  }
-  if (h.length > max_length) {
-    std::snprintf(buf, sizeof buf, "%s announced a %lu-byte frame, above the %lu-byte cap", who.c_str(),
-                  static_cast<unsigned long>(h.length), static_cast<unsigned long>(max_length));
-    return bad();
-  }
-  return h;
-}
-
-/// Appends big-endian integers and byte strings to a payload.
-struct Writer {
-  std::vector<std::byte> out; ///< The payload so far.
-  /// Appends the low `n` bytes of `v`, big-endian.
-  void num(std::uint64_t v, int n) {
-    const std::size_t at = out.size();
-    out.resize(at + static_cast<std::size_t>(n));
-    put_be(out.data() + at, v, n);
-  }
-  /// Appends raw bytes.
-  void bytes(std::span<const std::byte> b) { out.insert(out.end(), b.begin(), b.end()); }
-  /// Appends the bytes of `s`.
-  void text(std::string_view s) { bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
-};
-
-/// Reads a payload with bounds checks: a short read sets `ok` to false and yields zeros.
-struct Reader {
-  std::span<const std::byte> in; ///< What is left.
-  bool ok = true;                ///< False once a read ran past the end.
-  /// Reads `n` big-endian bytes.
-  std::uint64_t num(int n) {
-    if (!ok || in.size() < static_cast<std::size_t>(n)) {
-      ok = false;
-      return 0;
-    }
-    const auto v = get_be(in.data(), n);
-    in = in.subspan(static_cast<std::size_t>(n));
-    return v;
-  }
-  /// Reads `n` raw bytes.
-  std::span<const std::byte> bytes(std::size_t n) {
-    if (!ok || in.size() < n) {
-      ok = false;
-      return {};
-    }
-    auto b = in.first(n);
-    in = in.subspan(n);
-    return b;
-  }
-  /// Reads `n` bytes as text.
-  std::string text(std::size_t n) {
-    auto b = bytes(n);
-    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-  }
-};
-
-/// An owned file descriptor, closed on destruction; move-only.
-class UniqueFd {
-public:
-  UniqueFd() noexcept = default;
-  /// Takes ownership of `fd` (-1 for none).
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-  /// The descriptor, or -1.
-  int get() const noexcept { return fd_; }
-  /// Closes the held descriptor and holds `fd` instead.
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
-private:
-  int fd_ = -1;
-};
-
-/// Milliseconds left until `dl` for poll(): rounded up, 0 when passed, capped to int.
-inline int poll_ms(SideChannelDeadline dl) noexcept {
-  const auto left = dl - std::chrono::steady_clock::now();
-  if (left <= left.zero()) return 0;
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return ms > 0x3fffffff ? 0x3fffffff : static_cast<int>(ms);
-}
-
-/// Close-on-exec, non-blocking, no SIGPIPE where the platform has SO_NOSIGPIPE, no Nagle delay,
-/// and TCP keepalive so a host that vanishes without a FIN is eventually noticed.
-inline void configure_socket(int fd, bool stream) noexcept {
-  ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  int one = 1;
-#ifdef SO_NOSIGPIPE
-  ::setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
-#endif
-  if (!stream) return;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-  int idle = 10, interval = 2, count = 3;
-#if defined(TCP_KEEPIDLE)
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-#elif defined(TCP_KEEPALIVE)
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle);
-#endif
-#ifdef TCP_KEEPINTVL
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-#endif
-#ifdef TCP_KEEPCNT
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
-#endif
-  (void)idle;
-  (void)interval;
-  (void)count;
-}
-
-/// Keeps a send to a closed socket from killing the process with SIGPIPE where SO_NOSIGPIPE does
-/// not exist (Linux): SIGPIPE is blocked for this thread during the send, and a SIGPIPE that the
-/// send raised (and only that one) is consumed before the old mask is restored.
-class SigpipeGuard {
-public:
-#ifdef SO_NOSIGPIPE
-  SigpipeGuard() noexcept = default;
-  /// Nothing to do: the socket has SO_NOSIGPIPE.
-  void saw_epipe() noexcept {}
-#else
-  SigpipeGuard() noexcept {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
-  }
-  /// Records that a send failed with EPIPE, so a SIGPIPE may now be pending.
-  void saw_epipe() noexcept { epipe_ = true; }
-  ~SigpipeGuard() {
-    if (!blocked_) return;
-    if (epipe_ && !was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      sigpending(&pending);
-      int sig = 0;
-      if (sigismember(&pending, SIGPIPE) == 1) sigwait(&pipe_, &sig); // pending: returns at once
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
-private:
-  sigset_t pipe_{};
-  sigset_t old_{};
-  bool was_pending_ = false;
-  bool blocked_ = false;
-  bool epipe_ = false;
-#endif
-};
-
-/// The numeric host of a socket address ("10.0.0.2", "::1").
-inline std::string numeric_host(const sockaddr_storage& ss, socklen_t len) {
-  char host[1025] = {}; // NI_MAXHOST, which macOS hides under strict POSIX
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, nullptr, 0,
-                    NI_NUMERICHOST) != 0)
-    return "?";
-  return host;
-}
-/// The port of a socket address.
-inline std::uint16_t port_of(const sockaddr_storage& ss) noexcept {
-  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-  return 0;
-}
-/// "host:port" of the peer of `fd`.
-inline std::string peer_name(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "an unknown address";
-  return HostPort{numeric_host(ss, len), port_of(ss)}.to_string();
-}
-
-/// "rank 2" or "ranks 2, 3, 5".
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size() && i < 16; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(ranks[i]);
-  }
-  if (ranks.size() > 16) s += ", ...";
-  return s;
-}
-
-/// Connects to `to` with a non-blocking connect, retrying refused or unreachable attempts (when
-/// `retry`) until `dl`. At the deadline: ErrorKind::timeout carrying the last attempt's errno.
-inline Result<UniqueFd> connect_tcp(const HostPort& to, SideChannelDeadline dl, bool retry,
-                                    std::string_view who, std::string_view what) {
-  int last_errno = 0;
-  std::string last_gai;
-  auto interval = std::chrono::milliseconds(20);
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const std::string port = std::to_string(to.port);
-    const int g = ::getaddrinfo(to.host.empty() ? nullptr : to.host.c_str(), port.c_str(), &hints, &res);
-    if (g != 0) {
-      last_gai = g == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(g);
-    } else {
-      std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
-      for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-        UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
-        if (fd.get() < 0) {
-          last_errno = errno;
-          continue;
-        }
-        configure_socket(fd.get(), true);
-        int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
-        if (rc == 0) return fd;
-        if (errno != EINPROGRESS && errno != EINTR) {
-          last_errno = errno;
-          continue;
-        }
-        // The connect proceeds asynchronously (after EINTR too): wait for it to finish.
-        pollfd p{fd.get(), POLLOUT, 0};
-        do
-          rc = ::poll(&p, 1, poll_ms(dl));
-        while (rc < 0 && errno == EINTR);
-        if (rc == 0) {
-          last_errno = ETIMEDOUT;
-          continue;
-        }
-        int err = 0;
-        socklen_t len = sizeof err;
-        if (rc < 0)
-          err = errno;
-        else if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-          err = errno;
-        if (err == 0) return fd;
-        last_errno = err;
-      }
-      last_gai.clear();
-    }
-    const int left = poll_ms(dl);
-    if (!retry || left == 0) break;
-    std::this_thread::sleep_for(std::min(std::chrono::milliseconds(left), interval));
-    interval = std::min(interval * 2, std::chrono::milliseconds(500));
-  }
-  const auto waited =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-  std::string d = std::string(who) + " could not connect to " + std::string(what) + " " + to.to_string() +
-                  " within " + std::to_string(waited.count()) + " ms";
-  if (!last_gai.empty())
-    d += " (cannot resolve the host: " + last_gai + ")";
-  else if (last_errno == ECONNREFUSED)
-    d += " (refused: nothing listens there yet; is rank 0 running?)";
-  else if (last_errno != 0)
-    d += ": check the address, the route (route get <host>) and firewalls";
-  Error e = Error::from_errno(Step::side_channel, last_gai.empty() ? last_errno : 0);
-  e.kind = ErrorKind::timeout;
-  return fail(e.with_detail(d));
-}
-
-/// Binds and listens on `at` (host empty or "*" = every address). Returns the socket.
-inline Result<UniqueFd> listen_tcp(const HostPort& at, int backlog, std::string_view who) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(at.port);
-  const bool any = at.host.empty() || at.host == "*";
-  const int g = ::getaddrinfo(any ? nullptr : at.host.c_str(), port.c_str(), &hints, &res);
-  if (g != 0)
-    return fail(Error::make(Step::side_channel, ErrorKind::invalid_argument,
-                            std::string(who) + " cannot resolve " + at.to_string() + ": " +
-                                (g == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(g))));
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
-  int last = 0;
-  // With a wildcard host prefer IPv4 first: peers are most often given IPv4 addresses.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-      if (any && (pass == 0) != (ai->ai_family == AF_INET)) continue;
-      if (!any && pass == 1) continue;
-      UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
-      if (fd.get() < 0) {
-        last = errno;
-        continue;
-      }
-      configure_socket(fd.get(), false);
-      int one = 1;
-      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), backlog) != 0) {
-        last = errno;
-        continue;
-      }
-      return fd;
-    }
-  }
-  std::string d = std::string(who) + " cannot listen on " + at.to_string();
-  if (last == EADDRNOTAVAIL)
-    d += ": the host is not an address of this machine (use it, or 0.0.0.0)";
-  else if (last == EADDRINUSE)
-    d += ": the port is taken (another job still running?)";
-  return fail(Error::from_errno(Step::side_channel, last).with_detail(d));
-}
 
 /// One connection to one peer: the socket, bytes received but not yet a whole frame, whole frames
 /// not yet asked for, and why it stopped working, if it did.
@@ -662,37 +104,32 @@ struct Conn {
   bool dead() const noexcept { return eof || lost_errno != 0 || bad.has_value() || fd.get() < 0; }
 };
 
-/// Reads what is available on `c` (one non-blocking recv) and splits it into validated frames in
-/// c.inbox. A bad frame drops the connection and discards every byte after the last good frame.
-inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox) {
+/// Largest frame a connection may announce before it has said who it is: a hello is 10 bytes of
+/// payload, so a stranger cannot make a rank reserve memory for a large frame.
+inline constexpr std::uint32_t stranger_max_frame = 4096;
+/// Most bytes one recv() asks for: the receive buffer grows with what actually arrives, never by
+/// what a header announces (a 64 MiB announcement costs at most this much until the bytes come).
+inline constexpr std::size_t max_recv_chunk = std::size_t{1} << 20;
+/// Connections beyond the expected ranks that accept_ranks keeps waiting for a hello (stray
+/// scanners, a rank of another job, retries); beyond them the oldest silent one is closed.
+inline constexpr std::size_t max_strangers_extra = 8;
+
+/// Splits the whole frames received on `c` into validated frames in c.inbox (see pump). A bad
+/// frame drops the connection and discards every byte after the last good frame. A connection
+/// whose rank is not known yet (no hello) is held to frames of stranger_max_frame and to its first
+/// frame, until the caller has read that hello and named the connection's rank; the caller then
+/// splits again what arrived behind the hello.
+inline void split_frames(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox) {
   if (c.dead()) return;
-  const std::size_t want = header_bytes + (c.rx_header ? c.rx_header->length : 0);
-  const std::size_t chunk = std::max<std::size_t>(want > c.rx_len ? want - c.rx_len : 0, 64 * 1024);
-  if (c.rx.size() < c.rx_len + chunk) c.rx.resize(c.rx_len + chunk);
-  const ssize_t n = ::recv(c.fd.get(), c.rx.data() + c.rx_len, chunk, 0);
+  if (c.rank < 0) max_len = std::min(max_len, stranger_max_frame);
   auto drop = [&](Error e) { // nothing after a bad frame is trusted: no garbage is kept
     c.bad = e;
     c.rx = {};
     c.rx_len = 0;
     c.rx_header.reset();
   };
-  if (n < 0) {
-    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) c.lost_errno = errno;
-    return;
-  }
-  if (n == 0) { // the peer closed: not an error number (a stale errno here misled mlx#4530)
-    if (c.rx_len > 0) {
-      drop(Error::make(Step::side_channel, ErrorKind::bad_frame,
-                       c.who + " closed its side channel in the middle of a frame (truncated frame: " +
-                           std::to_string(c.rx_len) + " of " +
-                           std::to_string(header_bytes + (c.rx_header ? c.rx_header->length : 0)) +
-                           " bytes)"));
-    }
-    c.eof = true;
-    return;
-  }
-  c.rx_len += static_cast<std::size_t>(n);
   for (;;) {
+    if (c.rank < 0 && !c.inbox.empty()) break; // a stranger's hello is read before anything else
     if (!c.rx_header) {
       if (c.rx_len < header_bytes) break;
       auto h = decode_header(std::span<const std::byte, header_bytes>(c.rx.data(), header_bytes), token,
@@ -726,6 +163,40 @@ inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_
   if (c.rx_len == 0 && c.rx.size() > (1u << 20)) c.rx = {}; // give back a large frame's buffer
 }
 
+/// Reads what is available on `c` (one non-blocking recv) and splits it into validated frames in
+/// c.inbox (split_frames).
+inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox) {
+  if (c.dead()) return;
+  const std::size_t want = header_bytes + (c.rx_header ? c.rx_header->length : 0);
+  const std::size_t chunk =
+      std::clamp<std::size_t>(want > c.rx_len ? want - c.rx_len : 0, 64 * 1024, max_recv_chunk);
+  if (c.rx.size() < c.rx_len + chunk) c.rx.resize(c.rx_len + chunk);
+  const ssize_t n = ::recv(c.fd.get(), c.rx.data() + c.rx_len, chunk, 0);
+  auto drop = [&](Error e) { // nothing after a bad frame is trusted: no garbage is kept
+    c.bad = e;
+    c.rx = {};
+    c.rx_len = 0;
+    c.rx_header.reset();
+  };
+  if (n < 0) {
+    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) c.lost_errno = errno;
+    return;
+  }
+  if (n == 0) { // the peer closed: not an error number (a stale errno here misled mlx#4530)
+    if (c.rx_len > 0) {
+      drop(Error::make(Step::side_channel, ErrorKind::bad_frame,
+                       c.who + " closed its side channel in the middle of a frame (truncated frame: " +
+                           std::to_string(c.rx_len) + " of " +
+                           std::to_string(header_bytes + (c.rx_header ? c.rx_header->length : 0)) +
+                           " bytes)"));
+    }
+    c.eof = true;
+    return;
+  }
+  c.rx_len += static_cast<std::size_t>(n);
+  split_frames(c, token, max_len, max_inbox);
+}
+
 /// The state behind a SideChannel; heap-allocated so that poison() from another thread sees a
 /// stable object while the SideChannel handle is moved.
 struct State {
@@ -746,6 +217,8 @@ struct State {
   std::size_t max_inbox() const noexcept { return std::size_t{opts.max_frame_bytes} * 4; }
   /// Reads from `c` into its inbox.
   void pump_conn(Conn& c) { pump(c, opts.job_token, opts.max_frame_bytes, max_inbox()); }
+  /// Splits frames already received on `c` (after a stranger's hello named its rank).
+  void split_conn(Conn& c) { split_frames(c, opts.job_token, opts.max_frame_bytes, max_inbox()); }
 
   /// The error a poisoned or closed channel returns.
   Error stopped_error() {
@@ -786,10 +259,15 @@ struct State {
     if (!r.ok || kind == 0 || kind > static_cast<std::uint64_t>(ErrorKind::result_mismatch))
       return Error::make(Step::side_channel, ErrorKind::peer_lost,
                          c.who + " aborted the job (unreadable reason)");
-    abort_origin = static_cast<int>(origin);
-    abort_text = text;
+    // The origin is the peer's claim: a rank outside the job is not believed (the abort is then
+    // the sending peer's own).
+    const bool origin_ok = origin < static_cast<std::uint64_t>(opts.size);
+    abort_origin = origin_ok ? static_cast<int>(origin) : c.rank;
+    abort_text = origin_ok ? text
+                           : text + " (forwarded by " + c.who + " naming rank " + std::to_string(origin) +
+                                 ", which is not in this job)";
     return Error::make(Step::side_channel, static_cast<ErrorKind>(kind),
-                       "rank " + std::to_string(origin) + " aborted: " + text);
+                       "rank " + std::to_string(abort_origin) + " aborted: " + abort_text);
   }
 
   /// Removes and returns the first abort frame queued on `c`, as an error.
@@ -1282,6 +760,7 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
             (*directory)[static_cast<std::size_t>(rank)] = MeshEntry{hp ? hp->host : std::string(), port};
           }
           slot = std::move(c);
+          s.split_conn(slot); // frames that came behind the hello
           missing.erase(std::find(missing.begin(), missing.end(), rank));
           strangers.erase(strangers.begin() + static_cast<std::ptrdiff_t>(i));
           continue;
@@ -1353,6 +832,13 @@ inline Result<void> SideChannel::accept_ranks(int listener, std::vector<int> exp
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
           break; // EAGAIN, or a transient error (EMFILE...): poll again
+        }
+        // Connections that have not said who they are are bounded, so strangers cannot hold more
+        // than a few buffers open. The oldest goes: a rank sends its hello as soon as it connects,
+        // so a connection still silent after the others arrived is the least likely to be one.
+        if (strangers.size() >= expect.size() + max_strangers_extra) {
+          notes = "; closed connections that sent no hello (e.g. from " + strangers.front().who + ")";
+          strangers.erase(strangers.begin());
         }
         configure_socket(fd, true);
         Conn c;

@@ -196,8 +196,8 @@ struct RawListener {
 
 TEST_CASE("side channel: CRC-32 matches the IEEE check value", "[side_channel][frame]") {
   const auto v = bytes_of("123456789");
-  CHECK(sc::crc32(v) == 0xCBF43926u);
-  CHECK(sc::crc32({}) == 0u);
+  CHECK(tbverbs::detail::crc32(v) == 0xCBF43926u);
+  CHECK(tbverbs::detail::crc32({}) == 0u);
   // The 8-bytes-per-step loop agrees with the textbook bitwise CRC on every length and alignment.
   std::vector<std::byte> data(300);
   for (std::size_t i = 0; i < data.size(); ++i)
@@ -214,7 +214,7 @@ TEST_CASE("side channel: CRC-32 matches the IEEE check value", "[side_channel][f
   for (std::size_t off = 0; off < 8; ++off)
     for (std::size_t len = 0; off + len <= data.size(); len += 7) {
       const auto part = std::span<const std::byte>(data).subspan(off, len);
-      REQUIRE(sc::crc32(part) == reference(part));
+      REQUIRE(tbverbs::detail::crc32(part) == reference(part));
     }
 }
 
@@ -237,7 +237,7 @@ TEST_CASE("side channel: frame header round-trips, big-endian on the wire", "[si
   CHECK(d->type == static_cast<std::uint16_t>(sc::FrameType::data));
   CHECK(d->sender == 7);
   CHECK(d->length == payload.size());
-  CHECK(d->payload_crc == sc::crc32(payload));
+  CHECK(d->payload_crc == tbverbs::detail::crc32(payload));
   CHECK(d->job_token == 0x0102030405060708ull);
 }
 
@@ -963,7 +963,7 @@ TEST_CASE("side channel: a hello claiming a taken rank or another size fails ren
     w.num(0, 2);
     expect = "unexpected rank 7";
   }
-  fake.send(sc::FrameType::hello, static_cast<int>(sc::get_be(w.out.data(), 4)), w.out);
+  fake.send(sc::FrameType::hello, static_cast<int>(tbverbs::detail::get_be(w.out.data(), 4)), w.out);
   auto r0 = root.result.get();
   REQUIRE_FALSE(r0);
   INFO(r0.error().message());
@@ -972,4 +972,75 @@ TEST_CASE("side channel: a hello claiming a taken rank or another size fails ren
   // The offending process is told too.
   auto told = fake.read_frame();
   CHECK(told.type == sc::FrameType::abort);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strangers: what a connection that has not said who it is can make rank 0 do (issue 9).
+
+TEST_CASE("side channel: a stranger announcing a 64 MiB frame before its hello is refused at once, and the "
+          "job still forms",
+          "[side_channel][stranger]") {
+  Root root;
+  const auto port = root.start(2, 5000ms);
+  RawPeer stranger;
+  stranger.connect(port);
+  // A valid header (right token) announcing 64 MiB, then nothing: before the fix rank 0 reserved
+  // (and zeroed) the whole frame's buffer for it.
+  sc::FrameHeader h = sc::make_header(sc::FrameType::hello, token, 1, {});
+  h.length = 64u << 20;
+  std::array<std::byte, sc::header_bytes> head{};
+  sc::encode_header(h, head);
+  stranger.write(head);
+  // Rank 0 answers with an abort naming the cap, and drops the stranger.
+  const sc::Frame told = stranger.read_frame();
+  CHECK(told.type == sc::FrameType::abort);
+  CHECK(text_of(told.payload).find("above the 4096-byte cap") != std::string::npos);
+  RawPeer rank1;
+  rank1.join(port, 1, 2);
+  auto r0 = root.result.get();
+  INFO((r0 ? std::string() : r0.error().message()));
+  CHECK(r0);
+}
+
+TEST_CASE("side channel: connections that never say hello are bounded, and the job still forms",
+          "[side_channel][stranger]") {
+  Root root;
+  const auto port = root.start(2, 5000ms);
+  std::vector<RawPeer> silent(2 + sc::max_strangers_extra + 4);
+  for (auto& p : silent) p.connect(port);
+  // Those beyond the bound are closed by rank 0: a read on them sees the end of the stream.
+  int closed = 0;
+  const auto dl = Clock::now() + 3s;
+  for (auto& p : silent) {
+    pollfd pf{p.fd.get(), POLLIN, 0};
+    char b;
+    if (::poll(&pf, 1, std::max(0, sc::poll_ms(dl))) == 1 && ::recv(p.fd.get(), &b, 1, 0) == 0) ++closed;
+    if (closed >= 4) break;
+  }
+  CHECK(closed >= 4);
+  RawPeer rank1;
+  rank1.join(port, 1, 2);
+  auto r0 = root.result.get();
+  INFO((r0 ? std::string() : r0.error().message()));
+  CHECK(r0);
+}
+
+TEST_CASE("side channel: an abort naming a rank outside the job is attributed to the peer that sent it",
+          "[side_channel][stranger]") {
+  Root root;
+  const auto port = root.start(2, 5000ms);
+  RawPeer rank1;
+  rank1.join(port, 1, 2);
+  auto ch = root.result.get();
+  REQUIRE(ch);
+  sc::Writer w;
+  w.num(static_cast<std::uint64_t>(ErrorKind::timeout), 1);
+  w.num(99, 4); // origin: no such rank
+  w.text("made up");
+  rank1.send(sc::FrameType::abort, 1, w.out);
+  auto r = ch->recv_from(1, Clock::now() + 3s);
+  REQUIRE_FALSE(r);
+  INFO(r.error().message());
+  CHECK(has(r.error(), "rank 1 aborted: made up"));
+  CHECK(has(r.error(), "naming rank 99, which is not in this job"));
 }

@@ -25,21 +25,51 @@ template <class T> constexpr T get_be(const std::byte* in) noexcept {
   return static_cast<T>(v);
 }
 
-inline constexpr auto crc32_table = [] {
-  std::array<std::uint32_t, 256> t{};
+/// Writes the low `n` bytes of `v` big-endian into `out[0..n)` (for fields whose width is data).
+inline void put_be(std::byte* out, std::uint64_t v, int n) noexcept {
+  for (int i = n - 1; i >= 0; --i) {
+    out[i] = static_cast<std::byte>(v & 0xFFu);
+    v >>= 8;
+  }
+}
+/// Reads `n` big-endian bytes from `in`.
+inline std::uint64_t get_be(const std::byte* in, int n) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<std::uint64_t>(in[i]);
+  return v;
+}
+
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup tables for slicing-by-8:
+/// table[0] is the classic byte table, table[k] advances a byte k positions further.
+inline constexpr auto crc32_tables = [] {
+  std::array<std::array<std::uint32_t, 256>, 8> t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[0][i] = c;
   }
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
 }();
 
-/// CRC-32 (IEEE 802.3, reflected) of `bytes`.
+/// CRC-32 of `bytes`, continuing from `crc` (crc32("123456789") == 0xCBF43926). Eight bytes per
+/// step (slicing-by-8, several times faster than a byte at a time: side-channel frames reach
+/// 64 MiB). The one CRC of every tbverbs wire form (endpoints, side-channel frames).
 constexpr std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
-  crc = ~crc;
-  for (std::byte b : bytes) crc = crc32_table[(crc ^ static_cast<std::uint8_t>(b)) & 0xff] ^ (crc >> 8);
-  return ~crc;
+  const auto& t = crc32_tables;
+  std::uint32_t c = ~crc;
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  auto u = [](std::byte b) { return static_cast<std::uint32_t>(b); };
+  for (; n >= 8; n -= 8, p += 8) {
+    const std::uint32_t lo = c ^ (u(p[0]) | u(p[1]) << 8 | u(p[2]) << 16 | u(p[3]) << 24);
+    const std::uint32_t hi = u(p[4]) | u(p[5]) << 8 | u(p[6]) << 16 | u(p[7]) << 24;
+    c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) c = t[0][(c ^ u(*p)) & 0xFFu] ^ (c >> 8);
+  return ~c;
 }
 
 } // namespace detail
