@@ -47,6 +47,13 @@ struct HostPort {
     hp.host = std::string(text.substr(0, colon));
     port = text.substr(colon + 1);
   }
+  // A host is a name or a numeric address: no brackets left over, no NUL, no spaces or control
+  // characters (text from the environment can carry any of them), and brackets only around IPv6.
+  for (char ch : hp.host)
+    if (ch == '[' || ch == ']' || static_cast<unsigned char>(ch) <= ' ' || ch == 0x7f)
+      return bad("the host has a bracket, a space or a control character");
+  if (!text.empty() && text.front() == '[' && hp.host.find(':') == std::string::npos)
+    return bad("brackets are for IPv6 addresses only");
   if (port.empty() || port.size() > 5) return bad("the port must be a number from 0 to 65535");
   unsigned value = 0;
   for (char ch : port) {

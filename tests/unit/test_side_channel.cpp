@@ -1044,3 +1044,17 @@ TEST_CASE("side channel: an abort naming a rank outside the job is attributed to
   CHECK(has(r.error(), "rank 1 aborted: made up"));
   CHECK(has(r.error(), "naming rank 99, which is not in this job"));
 }
+
+TEST_CASE("side channel: parse_host_port refuses unbalanced brackets, brackets around a name, NUL and "
+          "spaces (fuzz_host_port found \"[[]:0\" accepted as host \"[\")",
+          "[side_channel]") {
+  for (std::string_view bad : {std::string_view("[[]:0"), std::string_view("[]:80"), std::string_view("[host]:80"),
+                               std::string_view("a]:80"), std::string_view("a b:80"),
+                               std::string_view("a\0b:80", 6), std::string_view("\t:1")}) {
+    INFO(std::string(bad));
+    CHECK_FALSE(tbverbs::parse_host_port(bad));
+  }
+  auto v6 = tbverbs::parse_host_port("[fe80::1]:5555");
+  REQUIRE(v6);
+  CHECK(tbverbs::parse_host_port(v6->to_string())->host == "fe80::1");
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds and runs tbverbs' libFuzzer harnesses (clang++-19, -fsanitize=fuzzer,address,undefined).
+#
+#   fuzz/run.sh [SECONDS] [HARNESS...]      (default: 10 seconds each, every harness)
+#
+# Each harness fuzz/fuzz_NAME.cpp runs for SECONDS on a working copy of fuzz/corpus/NAME (the
+# committed seeds are never modified); a crash, leak or sanitizer report fails the run and its
+# input is kept under the work directory (printed). Prints one line per harness: executions,
+# corpus size, crashes. Environment: FUZZ_WORK (default build/fuzz), CLANGXX (default clang++-19).
+# Exits 77 (reported as skipped by ctest) when clang++-19 or its libFuzzer runtime is missing.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+seconds=${1:-10}
+shift || true
+work=${FUZZ_WORK:-$root/build/fuzz}
+cxx=${CLANGXX:-clang++-19}
+case "$seconds" in '' | *[!0-9]*) echo "run.sh: SECONDS must be a number" >&2; exit 2 ;; esac
+names=("$@")
+if [ ${#names[@]} -eq 0 ]; then
+  for f in "$here"/fuzz_*.cpp; do n=$(basename "$f" .cpp); names+=("${n#fuzz_}"); done
+fi
+mkdir -p "$work"
+if ! command -v "$cxx" >/dev/null 2>&1; then
+  echo "FUZZ SKIPPED: $cxx not found (tools/install-deps.sh installs clang-19 and libclang-rt-19-dev)"
+  exit 77
+fi
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$work/probe.cpp"
+if ! "$cxx" -fsanitize=fuzzer "$work/probe.cpp" -o "$work/probe" >"$work/probe.log" 2>&1; then
+  echo "FUZZ SKIPPED: $cxx cannot link libFuzzer (install libclang-rt-19-dev): $(head -c 300 "$work/probe.log")"
+  exit 77
+fi
+
+status=0
+for n in "${names[@]}"; do
+  src="$here/fuzz_$n.cpp"
+  [ -f "$src" ] || { echo "run.sh: no harness $src" >&2; exit 2; }
+  bin="$work/fuzz_$n"
+  if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+      -I "$root/include" "$src" -o "$bin" >"$work/$n.build.log" 2>&1; then
+    echo "FAIL  $n: does not build"; cat "$work/$n.build.log"; status=1; continue
+  fi
+  corpus="$work/corpus/$n"
+  artifacts="$work/artifacts/$n/"
+  rm -rf "$artifacts"
+  mkdir -p "$corpus" "$artifacts"
+  [ -d "$here/corpus/$n" ] && cp -n "$here/corpus/$n"/* "$corpus"/ 2>/dev/null
+  log="$work/$n.log"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$artifacts" "$corpus" >"$log" 2>&1
+  rc=$?
+  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log" | tail -1)
+  units=$(ls "$corpus" | wc -l)
+  crashes=$(ls "$artifacts" 2>/dev/null | wc -l)
+  if [ $rc -eq 0 ] && [ "$crashes" -eq 0 ]; then
+    echo "ok    $n: ${execs:-?} executions in ${seconds} s, corpus $units inputs, 0 crashes"
+  else
+    echo "FAIL  $n: exit $rc, ${execs:-?} executions, $crashes crash input(s) in $artifacts"
+    grep -E 'ERROR|SUMMARY|runtime error|Test unit written' "$log" | head -10
+    status=1
+  fi
+done
+exit $status
