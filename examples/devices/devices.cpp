@@ -54,12 +54,16 @@ struct GidEntry {
   bool ipv4_mapped = false;
   bool link_local = false;
   std::string ipv4;  // dotted address of an IPv4-mapped entry
+  std::string type;  // "RoCE v2", "RoCE v1", "IB"; "" where the platform publishes none (Apple)
+  std::string netdev;  // the Ethernet interface behind a RoCE entry, "" when unknown
 };
 
 struct Selection {
   int index = 0;
   std::string gid;
   std::string reason;
+  std::string described;  // GidSelection::describe(): index, value, type, netdev, LID on InfiniBand
+  std::string type;
 };
 
 struct PortReport {
@@ -70,6 +74,7 @@ struct PortReport {
   std::optional<Selection> selection;   // what tbverbs would use ...
   std::optional<ErrorReport> selection_error;  // ... or why it cannot
   std::optional<ErrorReport> port_error;       // the port is not active (PD allocation would fail)
+  std::string type_source;  // where the GID types came from (GidTable::type_source)
   bool usable() const { return selection && !port_error; }
 };
 
@@ -87,7 +92,8 @@ struct DeviceReport {
 // The preset QpRecipe::for_platform() would pick for this device, in words.
 std::string_view recipe_text(tbverbs::Platform p) {
   return p == tbverbs::Platform::apple ? "QpRecipe::thunderbolt (UC, path MTU 1024, SEND/RECV only, depths in 4 KiB frames)"
-                                       : "QpRecipe::rdma_core_rc (RC, path MTU 1024, rnr_retry 7, RDMA WRITE allowed)";
+                                       : "QpRecipe::rdma_core_rc (RC, path MTU = the port's active MTU (the smaller of both "
+                                         "ends'), rnr_retry 7, RDMA WRITE allowed; RoCE v2 GID, by LID on InfiniBand)";
 }
 
 std::string_view platform_text(tbverbs::Platform p) {
@@ -154,13 +160,17 @@ PortReport inspect_port(const tbverbs::Context& ctx, std::uint8_t port) {
     e.ipv4_mapped = g.is_ipv4_mapped();
     e.link_local = g.is_link_local();
     if (e.ipv4_mapped) e.ipv4 = tbverbs::ipv4_to_string(g.ipv4());
+    if (table->type_at(e.index) != tbverbs::GidType::unknown) e.type = tbverbs::gid_type_name(table->type_at(e.index));
+    e.netdev = std::string(table->netdev_at(e.index));
     r.gids.push_back(std::move(e));
   }
 
   // select() is what every tbverbs program calls: TBVERBS_GID_INDEX when set (validated),
   // otherwise the first IPv4-mapped entry.
   if (auto sel = table->select()) {
-    r.selection = Selection{sel->index(), sel->gid().to_string(), std::string(sel->reason())};
+    r.selection = Selection{sel->index(), sel->gid().to_string(), std::string(sel->reason()), sel->describe(),
+                            sel->type() == tbverbs::GidType::unknown ? "" : std::string(tbverbs::gid_type_name(sel->type()))};
+    r.type_source = std::string(table->type_source());
   } else {
     r.selection_error = report(sel.error());
   }
@@ -233,16 +243,20 @@ void print_text(std::ostream& out, const std::string& library, tbverbs::Platform
           << " (max " << tbverbs::mtu_bytes(a.max_mtu) << "), link layer " << link_layer_text(a.link_layer)
           << ", LID " << a.lid << ", GID table length " << a.gid_table_length << '\n';
       if (p.query_error) print_error(out, *p.query_error, "    ", "error: ");
-      out << "    GID table (" << p.gids.size() << " populated of " << a.gid_table_length << "):\n";
+      out << "    GID table (" << p.gids.size() << " populated of " << a.gid_table_length;
+      if (!p.type_source.empty() && p.type_source != "none") out << "; types from " << p.type_source;
+      out << "):\n";
+      // As show_gids lists them: index, GID, then the RoCE version and the netdev where known.
       for (const GidEntry& g : p.gids) {
         out << "      GID[" << g.index << "]  " << g.gid;
+        if (!g.type.empty()) out << "  " << g.type;
+        if (!g.netdev.empty()) out << "  " << g.netdev;
         if (g.ipv4_mapped) out << "  IPv4-mapped (" << g.ipv4 << ")";
         if (g.link_local) out << "  link-local";
         out << '\n';
       }
       if (p.selection)
-        out << "    selected: GID[" << p.selection->index << "] " << p.selection->gid << "  (" << p.selection->reason
-            << ")\n";
+        out << "    selected: " << p.selection->described << "  (" << p.selection->reason << ")\n";
       else if (p.selection_error)
         print_error(out, *p.selection_error, "    ", "no usable GID: ");
       if (p.port_error) print_error(out, *p.port_error, "    ", "not usable: ");
@@ -289,10 +303,14 @@ nlohmann::json to_json(const std::string& library, tbverbs::Platform lib_platfor
         nlohmann::json jg{{"index", g.index}, {"gid", g.gid}, {"ipv4_mapped", g.ipv4_mapped},
                           {"link_local", g.link_local}};
         if (g.ipv4_mapped) jg["ipv4"] = g.ipv4;
+        if (!g.type.empty()) jg["type"] = g.type;
+        if (!g.netdev.empty()) jg["netdev"] = g.netdev;
         jp["gids"].push_back(std::move(jg));
       }
       if (p.selection)
-        jp["selection"] = {{"index", p.selection->index}, {"gid", p.selection->gid}, {"reason", p.selection->reason}};
+        jp["selection"] = {{"index", p.selection->index}, {"gid", p.selection->gid}, {"reason", p.selection->reason},
+                           {"type", p.selection->type}};
+      if (!p.type_source.empty()) jp["gid_type_source"] = p.type_source;
       if (p.selection_error) jp["selection_error"] = to_json(*p.selection_error);
       if (p.port_error) jp["port_error"] = to_json(*p.port_error);
       jd["ports"].push_back(std::move(jp));

@@ -121,13 +121,28 @@ void check_device(Report& report, const Library& lib, const Device& device, int 
       report.problem("GID table " + where, table.error());
       continue;
     }
+    {
+      // The populated entries as show_gids lists them (index, GID, RoCE version, netdev).
+      std::string listing;
+      int shown = 0, populated = 0;
+      for (std::size_t i = 0; i < table->size(); ++i) {
+        const int idx = static_cast<int>(i);
+        if (table->at(idx).is_zero()) continue;
+        if (++populated > 8) continue;
+        listing += (shown++ ? "; " : "") + ("GID[" + std::to_string(i) + "] " + table->at(idx).to_string());
+        if (table->type_at(idx) != GidType::unknown) listing += " " + std::string(gid_type_name(table->type_at(idx)));
+        if (!table->netdev_at(idx).empty()) listing += " " + std::string(table->netdev_at(idx));
+      }
+      if (populated > shown) listing += " (+" + std::to_string(populated - shown) + " more)";
+      if (populated == 0) listing = "empty";
+      report.pass("GID table " + where, listing);
+    }
     auto sel = table->select();
     if (!sel) {
       report.problem("GID selection " + where, sel.error());
       continue;
     }
-    report.pass("GID selection " + where, "GID[" + std::to_string(sel->index()) + "] " + sel->gid().to_string() +
-                                              " (" + std::string(sel->reason()) + ")");
+    report.pass("GID selection " + where, sel->describe() + " (" + std::string(sel->reason()) + ")");
     // Apple's driver refuses PDs on a port that is down even when the query says otherwise.
     auto pd = ctx->alloc_pd();
     if (!pd) report.problem("protection domain " + where, pd.error());
