@@ -374,14 +374,45 @@ static uint64_t layout_id(const Fabric& f) {
   return sizeof(Shared) ^ (uint64_t(f.ports.size()) << 40) ^ (uint64_t(kRecvRing) << 20) ^ kCqRing;
 }
 
+// The state belongs to the user who runs the emulator and to nobody else: senders trust the pid
+// and addresses stored in it for process_vm_writev, so a state file others can write would let
+// them aim our writes at any process we may write to (issue 9). The directory is made 0700 and
+// the file 0600; a directory or file that is not ours (or not a directory / regular file) is
+// refused rather than used.
+static void check_private_dir(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0)
+    throw std::runtime_error("cannot create the emulator state directory " + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    throw std::runtime_error("emulator state directory " + dir + " is not a directory (a symlink?): refusing it");
+  if (st.st_uid != ::geteuid())
+    throw std::runtime_error("emulator state directory " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                             ", not to this user (uid " + std::to_string(::geteuid()) +
+                             "): refusing it; set TBVERBS_EMU_STATE_DIR to a directory of your own");
+  // Ours but open to others (made by an older emulator, mode 1777): closed now. A file someone
+  // else planted in it is refused below, by its owner.
+  if ((st.st_mode & 0077) != 0 && ::chmod(dir.c_str(), 0700) != 0)
+    throw std::runtime_error("cannot make the emulator state directory " + dir + " private: " + std::strerror(errno));
+}
+
 Shared* open_shared(Fabric& f) {
-  std::error_code ec;
-  std::filesystem::create_directories(f.state_dir, ec);
-  ::chmod(f.state_dir.c_str(), 01777);  // shared by root and unprivileged test users
+  if (::mkdir(f.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::error_code ec;  // a nested path: make the parents, then the directory itself, private
+    std::filesystem::create_directories(std::filesystem::path(f.state_dir).parent_path(), ec);
+    ::mkdir(f.state_dir.c_str(), 0700);
+  }
+  check_private_dir(f.state_dir);
   std::string file = f.state_dir + "/state";
-  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("cannot open emulator state " + file + ": " + std::strerror(errno));
-  ::fchmod(fd, 0666);
+  {
+    struct stat fst {};
+    if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_uid != ::geteuid()) {
+      ::close(fd);
+      throw std::runtime_error("emulator state " + file + " is not a file of this user: refusing it");
+    }
+    if ((fst.st_mode & 0077) != 0) ::fchmod(fd, 0600);  // an older emulator's 0666
+  }
   // flock serialises the one-time initialisation between racing processes.
   if (flock(fd, LOCK_EX) != 0) {
     ::close(fd);

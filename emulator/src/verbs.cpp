@@ -577,13 +577,13 @@ EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   ::unlink(ch->path.c_str());
   // A FIFO, so a sender in another process can wake us by name. Opened read-write
   // so the open never blocks and the fd never sees EOF.
-  if (mkfifo(ch->path.c_str(), 0666) != 0) {
+  // Private like the state it lives in (issue 9): only this user's processes may wake us.
+  if (mkfifo(ch->path.c_str(), 0600) != 0) {
     int e = errno;
     delete ch;
     errno = e;
     return nullptr;
   }
-  ::chmod(ch->path.c_str(), 0666);
   int fd = ::open(ch->path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
