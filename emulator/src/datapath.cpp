@@ -261,10 +261,11 @@ struct Outcome {
 Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool tb) {
   Outcome o;
   const bool is_write = m.wdst != nullptr;
-  // The receive's SGEs were checked when posted; re-check the keys in case the
-  // region was deregistered since.
+  // The receive's SGEs were checked when posted; pin their regions (which fails for one
+  // deregistered since), so none can be deregistered under the copy.
+  RegionPins pins(s);
   for (uint32_t i = 0; i < e.num_sge && e.status == IBV_WC_SUCCESS; ++i)
-    if (e.sge[i].length && !mr_of_key(s, e.sge[i].lkey)) e.status = IBV_WC_LOC_PROT_ERR;
+    if (e.sge[i].length && !pins.add(e.sge[i].lkey)) e.status = IBV_WC_LOC_PROT_ERR;
   if (e.status != IBV_WC_SUCCESS) {
     o.recv = static_cast<ibv_wc_status>(e.status);
     o.sender = IBV_WC_REM_OP_ERR;
@@ -385,9 +386,10 @@ Tx try_send(EmuQp* q, SendOp& op) {
   // Remote region of an RDMA WRITE: checked before any receive is consumed.
   // (Never under empty_rq=wait: Thunderbolt writes returned above.)
   iovec wdst{};
+  RegionPins wpin(s);  // the target region, pinned before it is checked and until the copy is done
   if (is_write) {
     uint64_t a = 0;
-    bool ok = (pv.access & IBV_ACCESS_REMOTE_WRITE) &&
+    bool ok = (pv.access & IBV_ACCESS_REMOTE_WRITE) && wpin.add(op.rkey) &&
               check_region(s, op.rkey, op.raddr, op.len, pv.pid, pv.pd, IBV_ACCESS_REMOTE_WRITE, &a);
     if (!ok) {
       if (rc) {
@@ -907,9 +909,11 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     if (int e = fault_check(*c->fab, "ibv_poll_cq", c->host)) return -e;
   if (any_pending()) progress_all();
   ShmCq& s = *c->s;
-  // Single consumer (the owner): producers serialise among themselves under the
-  // CQ lock and publish `tail` with release; the owner publishes `head` likewise.
-  uint32_t head = s.head;
+  // Producers serialise among themselves under the CQ lock and publish `tail` with release.
+  // Consumers (a backend may poll one CQ from several threads, as rdma-core allows) claim the
+  // entries they copied by moving `head` with a compare-and-swap; one that lost the race copies
+  // again from the new head (issue 9: two pollers got the same completion twice).
+  uint32_t head = __atomic_load_n(&s.head, __ATOMIC_ACQUIRE);
   uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);
   if (ne <= 0) return 0;
   if (head == tail) {
@@ -931,10 +935,16 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     return 0;
   }
   t_last_activity_ns = now_ns();
-  uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
-  for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
-  __atomic_store_n(&s.head, head + n, __ATOMIC_RELEASE);
-  return static_cast<int>(n);
+  for (;;) {
+    // Entries in [head, tail) are never overwritten while head has not moved past them (a
+    // producer refuses to fill more than the capacity, which is below the ring's size).
+    const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
+    if (n == 0) return 0;  // another poller took them all
+    for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
+    if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return static_cast<int>(n);
+    tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);  // `head` now holds the current value
+  }
 }
 
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {

@@ -207,7 +207,7 @@ struct ShmMr {
   uint32_t pd;
   uint32_t access;
   uint32_t device;
-  uint32_t pad;
+  uint32_t pins;     // copies into the region under way (pin_region): dereg waits for them
   uint64_t addr;     // process virtual address of the region
   uint64_t iova;     // address the keys are used with (== addr unless reg_mr_iova)
   uint64_t length;
@@ -323,7 +323,7 @@ struct Shared {
   ShmCq cqs[kMaxCqs];
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550004ull;  // "TBVEMU" v4 (ShmQp::wire)
+constexpr uint64_t kMagic = 0x54425645'4d550005ull;  // "TBVEMU" v5 (ShmMr::pins)
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);

@@ -113,4 +113,37 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited);
 // Resolves an lkey/rkey to a live region. Returns nullptr when the key is stale.
 const ShmMr* mr_of_key(Shared* s, uint32_t key);
 
+// Pins the live region of `key` for a copy into it: ibv_dereg_mr clears the key and then waits
+// until no pin is left, so nothing is written into a region after its dereg returned (issue 9:
+// a send in flight wrote into 7 to 22 of 40 regions deregistered under it). The pin is taken
+// before the key is checked and dereg clears the key before it looks at the pins (both seq_cst),
+// so one of the two always sees the other. Releases on destruction.
+class RegionPins {
+ public:
+  explicit RegionPins(Shared* s) : s_(s) {}
+  RegionPins(const RegionPins&) = delete;
+  RegionPins& operator=(const RegionPins&) = delete;
+  ~RegionPins() {
+    for (unsigned i = 0; i < n_; ++i) __atomic_sub_fetch(&pinned_[i]->pins, 1u, __ATOMIC_SEQ_CST);
+  }
+  // False when `key` is not (or no longer) registered: nothing may be written through it.
+  bool add(uint32_t key) {
+    if (key == 0 || n_ == kMaxPins) return false;
+    ShmMr* m = &s_->mrs[key & (kMaxMrs - 1)];
+    __atomic_add_fetch(&m->pins, 1u, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&m->key, __ATOMIC_SEQ_CST) != key) {
+      __atomic_sub_fetch(&m->pins, 1u, __ATOMIC_SEQ_CST);
+      return false;
+    }
+    pinned_[n_++] = m;
+    return true;
+  }
+
+ private:
+  static constexpr unsigned kMaxPins = kMaxSge + 1;
+  Shared* s_;
+  ShmMr* pinned_[kMaxPins] = {};
+  unsigned n_ = 0;
+};
+
 }  // namespace emu

@@ -4,6 +4,7 @@
 // libibverbs.map) so unmodified verbs programs bind to it through LD_LIBRARY_PATH.
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -490,10 +491,12 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
         if (x.key && x.device == static_cast<uint32_t>(c->dev)) ++n;
       return n;
     };
-    int slot = find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
+    // A slot is free when nothing is registered in it and no copy still pins it.
+    auto used = [](const ShmMr& x) { return x.key != 0 || __atomic_load_n(&x.pins, __ATOMIC_SEQ_CST) != 0; };
+    int slot = find_free(s->mrs, used);
     if (slot < 0 || mrs_here() >= lim(c).max_mr) {
       collect_dead(s);
-      slot = mrs_here() >= lim(c).max_mr ? -1 : find_free(s->mrs, [](const ShmMr& x) { return x.key != 0; });
+      slot = mrs_here() >= lim(c).max_mr ? -1 : find_free(s->mrs, used);
     }
     if (slot < 0) {
       delete m;
@@ -536,10 +539,16 @@ EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   if (int e = faulted(c, "ibv_dereg_mr")) return e;
   auto* m = reinterpret_cast<EmuMr*>(mr);
   Shared* s = c->fab->shm;
+  ShmMr& x = s->mrs[m->slot];
   {
     Guard g(s->lock);
-    if (s->mrs[m->slot].key == mr->lkey) __atomic_store_n(&s->mrs[m->slot].key, 0u, __ATOMIC_RELEASE);
+    if (x.key == mr->lkey) __atomic_store_n(&x.key, 0u, __ATOMIC_SEQ_CST);
   }
+  // Copies that pinned the region before its key went finish first (see RegionPins): after this
+  // returns nothing writes into the memory. Bounded, so a peer that died mid-copy (its pin never
+  // released) cannot hang us; its slot then stays out of use (find_free below).
+  const int64_t until = now_ns() + 2'000'000'000;
+  while (__atomic_load_n(&x.pins, __ATOMIC_SEQ_CST) != 0 && now_ns() < until) sched_yield();
   reinterpret_cast<EmuPd*>(mr->pd)->users.fetch_sub(1);
   delete m;
   return 0;
