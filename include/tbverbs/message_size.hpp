@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "measured_profile.hpp"
 #include "result.hpp"
 #include "types.hpp"
 
@@ -12,6 +13,7 @@
 #include <sys/sysctl.h>
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -73,13 +75,16 @@ inline int macos_version() noexcept {
 ///  1. `TBVERBS_MAX_MESSAGE` (bytes, or with a K or M suffix) when set: the operator knows;
 ///  2. else the port's max_msg_sz (TN3205: 16,773,120 = 4095 frames), capped at half the
 ///     device's max_mr_size (a message must fit in one region of a MemoryRegionSet);
-///  3. on Apple, one frame when `sysctl kern.osproductversion` says macOS older than 26.3 (ds4 saw
-///     messages above 16 KiB not delivered on older macOS; JACCL uses messages of more than one
-///     frame only from 26.3 on).
+///  3. the largest message tbverbs-probe delivered intact on this host, when `TBVERBS_PROFILE`
+///     names its profile (measured_profile()): measured, not assumed, so it replaces rule 4;
+///  4. else, on Apple, one frame when `sysctl kern.osproductversion` says macOS older than 26.3
+///     (ds4 saw messages above 16 KiB not delivered on older macOS; JACCL uses messages of more
+///     than one frame only from 26.3 on).
 /// The result is at most `wanted` and, on Thunderbolt, a whole number of frames. The guess is
 /// only a start: a link's warm-up steps down to one frame when larger messages are not
 /// delivered, so the 26.2 behaviour is survived without knowing the version.
-/// Errors: `invalid_argument` for a malformed `TBVERBS_MAX_MESSAGE`.
+/// Errors: `invalid_argument` for a malformed `TBVERBS_MAX_MESSAGE`, or for a `TBVERBS_PROFILE`
+/// that cannot be read or parsed (a profile the operator asked for is never silently ignored).
 [[nodiscard]] inline Result<MessageSizeGuess> largest_message_guess(Platform platform, const PortAttributes& port,
                                                                     const DeviceAttributes& device,
                                                                     std::size_t wanted) {
@@ -99,7 +104,12 @@ inline int macos_version() noexcept {
   if (port.max_msg_sz != 0 && port.max_msg_sz < g.bytes) g = {port.max_msg_sz, "the port's max_msg_sz"};
   if (device.max_mr_size != 0 && device.max_mr_size / 2 < g.bytes)
     g = {static_cast<std::size_t>(device.max_mr_size / 2), "half the device's max_mr_size (one region per message)"};
-  if (frames) {
+  auto profile = measured_profile();
+  if (!profile) return fail(profile.error());
+  if (profile->max_message_bytes) {
+    if (*profile->max_message_bytes < g.bytes)
+      g = {*profile->max_message_bytes, "measured by tbverbs-probe (TBVERBS_PROFILE)"};
+  } else if (frames) {
     const int v = detail::macos_version();
     if (v != 0 && v < 2603 && g.bytes > frame_bytes)
       g = {frame_bytes, "macOS before 26.3 delivers messages of one 4 KiB frame only"};
