@@ -296,8 +296,10 @@ public:
       if (const int rc = info_->api->modify_qp(owned_.get(), &copy.attr, copy.mask); rc != 0) {
         Error e = Error::from_return(s, rc);
         info_->stamp(e, sel.port(), sel.index());
-        std::string d = "local " + sel.describe() + " -> remote GID " + remote.gid.to_string() + ", remote QP " +
-                        std::to_string(remote.qp_num);
+        std::string d = "local GID " + sel.gid().to_string() + " -> remote GID " + remote.gid.to_string() +
+                        ", remote QP " + std::to_string(remote.qp_num);
+        if (sel.type() != GidType::unknown)
+          d += ", local " + std::string(gid_type_name(sel.type())) + " GID[" + std::to_string(sel.index()) + "]";
         if (sel.is_infiniband() && (sel.port_facts().lid == 0 || remote.lid == 0))
           d = std::string(fact::infiniband_lid_zero) + " (local " + std::to_string(sel.port_facts().lid) +
               ", remote " + std::to_string(remote.lid) + "); " + d;
