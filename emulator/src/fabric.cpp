@@ -56,7 +56,8 @@ Profile parse_profile(const std::string& s) {
                            "\" (expected \"thunderbolt\", \"rdma-core-rc\", \"rdma-core-roce\" or \"rdma-core-ib\")");
 }
 
-// "host:device[:port]" → (host, device, port) names.
+// "host:device[:port]" → (host, device, port) names. The port is digits only ("1:garbage" and
+// "1.9" are refused, not read as 1).
 void split_endpoint(const std::string& s, std::string* host, std::string* dev, int* port) {
   auto a = s.find(':');
   if (a == std::string::npos) throw std::runtime_error("cable end \"" + s + "\" is not host:device[:port]");
@@ -65,13 +66,79 @@ void split_endpoint(const std::string& s, std::string* host, std::string* dev, i
   *dev = s.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
   *port = 1;
   if (b != std::string::npos) {
-    try {
-      *port = std::stoi(s.substr(b + 1));
-    } catch (...) {
-      throw std::runtime_error("cable end \"" + s + "\": bad port number");
+    const std::string digits = s.substr(b + 1);
+    if (digits.empty() || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string::npos)
+      throw std::runtime_error("cable end \"" + s + "\": the port must be a number (host:device:port)");
+    *port = std::stoi(digits);
+  }
+}
+
+// A host or device name: what the cable syntax and the sysfs paths can carry.
+void check_name(const std::string& what, const std::string& name) {
+  if (name.empty() || name.size() >= IBV_SYSFS_NAME_MAX)
+    throw std::runtime_error(what + " name \"" + name + "\" must be 1 to " + std::to_string(IBV_SYSFS_NAME_MAX - 1) +
+                             " characters");
+  for (unsigned char c : name)
+    if (c == ':' || c == '/' || c <= ' ' || c == 0x7f)
+      throw std::runtime_error(what + " name \"" + name + "\" may not contain ':', '/', spaces or control characters");
+}
+
+// Every key of `obj` must be one the loader reads (a misspelled key would otherwise be ignored in
+// silence); "comment" is allowed anywhere, for notes in the file.
+void check_keys(const json& obj, std::initializer_list<const char*> known, const std::string& where) {
+  for (const auto& [key, value] : obj.items()) {
+    (void)value;
+    bool ok = key == "comment";
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+      throw std::runtime_error(where + ": unknown key \"" + key + "\" (known: " + list + ")");
     }
   }
 }
+
+// An integer field, refusing 1.9, "1" and true (nlohmann would convert them).
+int int_field(const json& obj, const char* key, int fallback, const std::string& where) {
+  if (!obj.contains(key)) return fallback;
+  const json& v = obj[key];
+  if (!v.is_number_integer()) throw std::runtime_error(where + ": \"" + key + "\" must be an integer");
+  return v.get<int>();
+}
+
+// JSON allows a key twice in one object and nlohmann keeps the last; a fabric file with a
+// duplicate key is almost always an edit gone wrong, so it is refused, naming the key.
+struct DuplicateKeys : nlohmann::json_sax<json> {
+  std::vector<std::vector<std::string>> open;  // the keys seen in each object being parsed
+  std::string duplicate;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    auto& keys = open.back();
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) {
+      duplicate = k;
+      return false;
+    }
+    keys.push_back(k);
+    return true;
+  }
+  bool end_object() override {
+    open.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
 
 std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string& origin) {
   auto f = std::make_unique<Fabric>();
@@ -81,8 +148,15 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
   } catch (const std::exception& e) {
     throw std::runtime_error(origin + ": not valid JSON: " + e.what());
   }
+  {
+    DuplicateKeys dup;
+    json::sax_parse(text, &dup);
+    if (!dup.duplicate.empty())
+      throw std::runtime_error(origin + ": the key \"" + dup.duplicate + "\" appears twice in one object");
+  }
   try {
     if (!j.is_object()) throw std::runtime_error("top level must be an object");
+    check_keys(j, {"profile", "quirks", "hosts", "cables"}, "the fabric");
     f->profile = parse_profile(j.value("profile", std::string("thunderbolt")));
     if (j.contains("quirks")) {
       const json& jq = j["quirks"];
@@ -97,8 +171,10 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
       throw std::runtime_error("\"hosts\" must be a non-empty array");
     for (const auto& jh : j["hosts"]) {
       HostDef h;
+      if (!jh.is_object()) throw std::runtime_error("every entry of \"hosts\" must be an object");
       h.name = jh.at("name").get<std::string>();
-      if (h.name.empty()) throw std::runtime_error("a host has an empty name");
+      check_name("host", h.name);
+      check_keys(jh, {"name", "profile", "devices"}, "host \"" + h.name + "\"");
       if (f->find_host(h.name) >= 0) throw std::runtime_error("host \"" + h.name + "\" defined twice");
       Profile hp = jh.contains("profile") ? parse_profile(jh["profile"].get<std::string>()) : f->profile;
       int hidx = static_cast<int>(f->hosts.size());
@@ -114,11 +190,11 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
           d.name = jd.get<std::string>();
         } else {
           d.name = jd.at("name").get<std::string>();
+          check_keys(jd, {"name", "profile", "ports"}, h.name + ":" + d.name);
           if (jd.contains("profile")) d.profile = parse_profile(jd["profile"].get<std::string>());
           if (jd.contains("ports")) jports = jd["ports"];
         }
-        if (d.name.empty() || d.name.size() >= IBV_SYSFS_NAME_MAX)
-          throw std::runtime_error("host \"" + h.name + "\": bad device name \"" + d.name + "\"");
+        check_name("host \"" + h.name + "\": device", d.name);
         if (f->find_device(hidx, d.name) >= 0)
           throw std::runtime_error("host \"" + h.name + "\": device \"" + d.name + "\" defined twice");
         int didx = static_cast<int>(f->devices.size());
@@ -133,7 +209,12 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
           PortDef p;
           p.host = hidx;
           p.device = didx;
-          p.port_num = jp.value("port", expect);
+          const std::string where = h.name + ":" + d.name;
+          if (!jp.is_object()) throw std::runtime_error(where + ": every port must be an object");
+          check_keys(jp, {"port", "state", "ipv4_gid_index", "lid", "active_mtu", "ipv6", "subnet_prefix", "netdev",
+                          "ipv4"},
+                     where + " port");
+          p.port_num = int_field(jp, "port", expect, where);
           if (p.port_num != expect)
             throw std::runtime_error(h.name + ":" + d.name + ": ports must be numbered 1, 2, ... in order");
           ++expect;
@@ -141,16 +222,17 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
           if (st != "up" && st != "down")
             throw std::runtime_error(h.name + ":" + d.name + ": port state must be \"up\" or \"down\"");
           p.initially_up = st == "up";
-          p.ipv4_gid_index = jp.value("ipv4_gid_index", 1u);
-          if (p.ipv4_gid_index < 1 || p.ipv4_gid_index > 15)
+          const int gi = int_field(jp, "ipv4_gid_index", 1, where);
+          if (gi < 1 || gi > 15)
             throw std::runtime_error(h.name + ":" + d.name + ": ipv4_gid_index must be 1..15");
+          p.ipv4_gid_index = static_cast<uint32_t>(gi);
           if (jp.contains("lid")) {
-            p.lid = jp["lid"].get<int>();
+            p.lid = int_field(jp, "lid", 0, where);
             if (p.lid < 0 || p.lid > 0xbfff)
               throw std::runtime_error(h.name + ":" + d.name + ": lid must be 0 (no subnet manager) .. 0xbfff");
           }
           if (jp.contains("active_mtu")) {
-            const int m = jp["active_mtu"].get<int>();
+            const int m = int_field(jp, "active_mtu", 1024, where);
             if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096)
               throw std::runtime_error(h.name + ":" + d.name + ": active_mtu must be 256, 512, 1024, 2048 or 4096");
             p.active_mtu = static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(m)) - 7);  // 256 -> IBV_MTU_256 (1)
@@ -190,6 +272,7 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
         ends[0] = jc[0].get<std::string>();
         ends[1] = jc[1].get<std::string>();
       } else if (jc.is_object()) {
+        check_keys(jc, {"a", "b", "routed"}, "a cable");
         ends[0] = jc.at("a").get<std::string>();
         ends[1] = jc.at("b").get<std::string>();
         routed = jc.value("routed", false);
