@@ -318,6 +318,14 @@ EMU_EXPORT int tbemu_qp_count(const char* fabric, const char* host, const char* 
   return n;
 }
 
+EMU_EXPORT const char* tbemu_gc(int dry_run, int* count) {
+  static thread_local std::string report;
+  report.clear();
+  const auto removed = collect_state_dirs(dry_run != 0, &report);
+  if (count) *count = static_cast<int>(removed.size());
+  return report.c_str();
+}
+
 EMU_EXPORT const char* tbemu_state_dir(const char* fabric) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);

@@ -334,6 +334,10 @@ bool pid_alive(int32_t pid);
 // Frees QP/CQ/MR/PD slots whose owner process no longer exists (leaked PDs stay).
 // Caller holds shm->lock.
 void collect_dead(Shared* s);
+// `tbverbs-emu gc`: removes this user's state directories in /dev/shm and /tmp whose fabric file
+// is gone (or, unrecorded, untouched for 10 minutes) and in which no live process has objects,
+// plus the ring launcher's empty ones. Returns them; `report` gets one line per directory.
+std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report);
 // PDs in use on a device (leaked ones included); whether any of them is leaked.
 // Caller holds shm->lock.
 uint32_t count_pds(const Shared* s, int device, bool* any_leaked = nullptr);

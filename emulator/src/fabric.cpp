@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -485,6 +486,18 @@ Shared* open_shared(Fabric& f) {
     ::mkdir(f.state_dir.c_str(), 0700);
   }
   check_private_dir(f.state_dir);
+  // Which fabric file this state belongs to, for `tbverbs-emu gc` (state whose fabric file and
+  // processes are gone is removed). Rewritten by every opener: cheap, and always current.
+  {
+    const std::string record = f.state_dir + "/fabric";
+    int rfd = ::open(record.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (rfd >= 0) {
+      const std::string text = (f.path.empty() ? std::string("(built-in)") : f.path) + "\n";
+      ssize_t w = ::write(rfd, text.data(), text.size());
+      (void)w;
+      ::close(rfd);
+    }
+  }
   std::string file = f.state_dir + "/state";
   int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("cannot open emulator state " + file + ": " + std::strerror(errno));
@@ -589,6 +602,58 @@ void collect_dead(Shared* s) {
     if (c.in_use && !pid_alive(c.pid)) c.in_use = 0;
   for (auto& m : s->mrs)
     if (m.key && !pid_alive(m.pid)) m.key = 0;
+}
+
+std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  const std::string mine = "tbverbs-emu-" + std::to_string(getuid()) + "-";
+  const auto now = fs::file_time_type::clock::now();
+  for (const char* base : {"/dev/shm", "/tmp"}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(base, ec)) {
+      const std::string name = entry.path().filename().string();
+      const bool emu = name.rfind(mine, 0) == 0, ring = name.rfind("tbverbs-ring-", 0) == 0;
+      if (!(emu || ring) || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+      const std::string dir = entry.path().string();
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+      // A directory of the launcher's that is not a state directory (its work files) is left alone.
+      const bool has_state = fs::exists(dir + "/state", ec);
+      if (ring && !has_state && !fs::is_empty(dir, ec)) continue;
+      // The fabric file it belongs to, when recorded; without a record (an older emulator, or no
+      // state yet), only a directory untouched for 10 minutes counts as abandoned.
+      std::string fabric;
+      std::ifstream(dir + "/fabric") >> fabric;
+      const bool fabric_gone = !fabric.empty() ? (fabric != "(built-in)" && !fs::exists(fabric, ec))
+                                               : now - fs::last_write_time(dir, ec) > std::chrono::minutes(10);
+      if (!fabric_gone) continue;
+      // Any live process with objects in the state keeps it.
+      bool live = false;
+      if (has_state) {
+        int fd = ::open((dir + "/state").c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat fst {};
+        if (fd >= 0 && ::fstat(fd, &fst) == 0 && static_cast<size_t>(fst.st_size) == sizeof(Shared)) {
+          void* p = mmap(nullptr, sizeof(Shared), PROT_READ, MAP_SHARED, fd, 0);
+          if (p != MAP_FAILED) {
+            const auto* sh = static_cast<const Shared*>(p);
+            if (sh->magic == kMagic) {
+              for (const auto& q : sh->qps) live = live || (q.in_use && pid_alive(q.pid));
+              for (const auto& c : sh->cqs) live = live || (c.in_use && pid_alive(c.pid));
+              for (const auto& m : sh->mrs) live = live || (m.key && pid_alive(m.pid));
+            }
+            munmap(p, sizeof(Shared));
+          }
+        }
+        if (fd >= 0) ::close(fd);
+      }
+      if (live) continue;
+      if (report) *report += (dry_run ? "would remove " : "removed ") + dir + (fabric.empty() ? "" : " (" + fabric + ")") + "\n";
+      if (!dry_run) fs::remove_all(dir, ec);
+      removed.push_back(dir);
+    }
+  }
+  return removed;
 }
 
 uint32_t count_pds(const Shared* s, int device, bool* any_leaked) {

@@ -159,6 +159,9 @@ int main(int argc, char** argv) {
   auto* show = app.add_subcommand("show", "Print ports, addresses, QPs and faults");
   auto* reset = app.add_subcommand("reset", "Return ports/addresses to the fabric file and clear faults");
   auto* sdir = app.add_subcommand("state-dir", "Print the shared state directory");
+  auto* gc = app.add_subcommand("gc", "Remove state directories whose fabric file and processes are gone");
+  bool dry_run = false;
+  gc->add_flag("--dry-run", dry_run, "only list what would be removed");
 
   std::string host, device, cidr;
   int port = 1;
@@ -240,6 +243,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*reset) return check(tbemu_reset(fab()));
+  if (*gc) {
+    int n = 0;
+    std::fputs(tbemu_gc(dry_run ? 1 : 0, &n), stdout);
+    std::printf("%s %d state director%s\n", dry_run ? "would remove" : "removed", n, n == 1 ? "y" : "ies");
+    return 0;
+  }
   if (*sdir) {
     const char* s = tbemu_state_dir(fab());
     if (!s) return check(EINVAL);

@@ -71,3 +71,29 @@ TEST_CASE("isolation: a state directory owned by another user is refused, never 
   // Nothing was created in it.
   CHECK(std::filesystem::is_empty(sd.path));
 }
+
+TEST_CASE("leftovers: gc removes state whose fabric file and processes are gone, and keeps the rest",
+          "[isolation][gc]") {
+  ::unsetenv("TBVERBS_EMU_STATE_DIR");  // the default directory, in /dev/shm, where gc looks
+  TempFabric gone(three_hosts("thunderbolt"));
+  ibv_context* ctx = open_dev("hostA", "rdma_en1");
+  REQUIRE(ctx != nullptr);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq != nullptr);
+  const std::string dir = tbemu_state_dir(gone.p());
+  REQUIRE(std::filesystem::exists(dir + "/fabric"));
+  TempFabric kept(three_hosts("thunderbolt"));
+  const std::string kept_dir = tbemu_state_dir(kept.p());
+  REQUIRE(std::filesystem::exists(kept_dir + "/state"));
+  std::filesystem::remove(gone.path);
+  int n = 0;
+  tbemu_gc(0, &n);
+  CHECK(std::filesystem::exists(dir));  // a live process (this one) still has a CQ there
+  ibv_destroy_cq(cq);
+  ibv_close_device(ctx);
+  const std::string report = tbemu_gc(0, &n);
+  INFO(report);
+  CHECK_FALSE(std::filesystem::exists(dir));
+  CHECK(report.find(dir) != std::string::npos);
+  CHECK(std::filesystem::exists(kept_dir));  // its fabric file is still there
+}

@@ -76,6 +76,12 @@ const char* tbemu_describe(const char* fabric);
 /* Directory holding the fabric's shared state; NULL on error. */
 const char* tbemu_state_dir(const char* fabric);
 
+/* Removes this user's emulator state directories (in /dev/shm and /tmp) whose fabric file is
+ * gone (or, with no record of it, that were untouched for 10 minutes) and in which no live process
+ * has objects; with dry_run, only lists them. Returns one line per directory (valid until the next
+ * call in this thread) and sets *count. */
+const char* tbemu_gc(int dry_run, int* count);
+
 /* Number of QPs currently held on a device, counted across live processes. */
 int tbemu_qp_count(const char* fabric, const char* host, const char* device);
 
