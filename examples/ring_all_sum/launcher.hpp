@@ -140,6 +140,7 @@ struct LocalOptions {
   int cables = 1;                   // cables between neighbours
   std::vector<std::string> quirks;  // "name=value": readings of Apple's driver the emulator plays
   std::string profile = "thunderbolt";  // the emulator's profile of the generated fabric
+  bool no_device_file = false;      // give the ranks no device file: they discover the cables
 };
 
 struct RankProcess {
@@ -178,8 +179,8 @@ inline int run_local(const LocalOptions& o) {
     fabric = (dir / "fabric.json").string();
     std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks, o.profile).dump(2) << "\n";
   }
-  const std::string devices = (dir / "devices.json").string();
-  std::ofstream(devices) << ring_devices(n, o.cables, o.profile).dump() << "\n";
+  const std::string devices = o.no_device_file ? std::string("(none: discovered)") : (dir / "devices.json").string();
+  if (!o.no_device_file) std::ofstream(devices) << ring_devices(n, o.cables, o.profile).dump() << "\n";
   // An existing fabric file keeps its own quirks; --quirk reaches the ranks through the
   // emulator's environment variable instead.
   std::string quirk_env;
@@ -219,7 +220,13 @@ inline int run_local(const LocalOptions& o) {
       if (!o.fabric.empty() && !quirk_env.empty()) ::setenv("TBVERBS_EMU_QUIRKS", quirk_env.c_str(), 1);
       ::setenv("JACCL_RANK", std::to_string(i).c_str(), 1);
       ::setenv("JACCL_COORDINATOR", coordinator.c_str(), 1);
-      ::setenv("JACCL_IBV_DEVICES", devices.c_str(), 1);
+      if (o.no_device_file) {
+        ::unsetenv("JACCL_IBV_DEVICES");
+        ::unsetenv("MLX_IBV_DEVICES");
+        ::setenv("TBVERBS_RANKS", std::to_string(n).c_str(), 1);
+      } else {
+        ::setenv("JACCL_IBV_DEVICES", devices.c_str(), 1);
+      }
       std::vector<char*> argv;
       argv.push_back(const_cast<char*>(o.self.c_str()));
       for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));

@@ -8,12 +8,15 @@
 #include "launcher.hpp"
 #include "ring.hpp"
 
+#include <tbverbs/topology.hpp>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -204,7 +207,8 @@ struct Options {
   std::string message = "256K";
   int window = 8;
   int timeout_ms = 30000, gid_wait_ms = 1000;
-  bool csv = false, quiet = false, keep = false;
+  bool csv = false, quiet = false, keep = false, no_device_file = false, explain = false;
+  int ranks = 0;
   std::string fabric, write_fabric, memory = "auto";
   std::vector<std::string> quirks;
   std::string profile = "thunderbolt";
@@ -235,7 +239,21 @@ int run_rank(const Options& o) {
   };
   if (rank < 0) return config_error("no rank: pass --rank or set JACCL_RANK (or MLX_RANK); or run --local N");
   if (coordinator.empty()) return config_error("no coordinator: pass --coordinator host:port or set JACCL_COORDINATOR");
-  if (devices_path.empty()) return config_error("no device file: pass --devices FILE or set JACCL_IBV_DEVICES");
+  // No device file (or --no-device-file): the cables are discovered from the ports' subnets once
+  // the side channel is up (tbverbs/topology.hpp); the number of ranks then comes from --ranks.
+  const bool discover = o.no_device_file || devices_path.empty();
+  int n = 0;
+  ring::Config cfg;
+  if (discover) {
+    n = o.ranks;
+    if (n <= 0)
+      if (auto v = env_of({"TBVERBS_RANKS", "MLX_WORLD_SIZE"})) n = std::atoi(v->c_str());
+    if (n < 2 || n > 64)
+      return config_error(std::string(o.no_device_file ? "--no-device-file" : "no device file") +
+                          ": give the number of ranks with --ranks N (or TBVERBS_RANKS), 2..64, so the cables can be "
+                          "discovered; or pass --devices FILE (JACCL_IBV_DEVICES)");
+    if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the job's " + std::to_string(n) + " ranks");
+  } else {
 
   // The device file: a JSON matrix, [i][j] = rank i's device toward rank j (null on the diagonal),
   // as JACCL reads it; or mlx.distributed_config's hostfile, {"hosts": [{"rdma": [row i]}, ...]}.
@@ -259,7 +277,7 @@ int run_rank(const Options& o) {
     m = std::move(rows);
   }
   if (!m.is_array() || m.size() < 2) return config_error(devices_path + ": expected a square matrix of at least 2 ranks");
-  const int n = static_cast<int>(m.size());
+  n = static_cast<int>(m.size());
   if (n > 64) return config_error(devices_path + ": at most 64 ranks");
   if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the device file's " + std::to_string(n) + " ranks");
   const int left = (rank + n - 1) % n, right = (rank + 1) % n;
@@ -287,7 +305,6 @@ int run_rank(const Options& o) {
     }
     return out;
   };
-  ring::Config cfg;
   cfg.rank = rank;
   cfg.size = n;
   if (n == 2) {
@@ -308,6 +325,9 @@ int run_rank(const Options& o) {
   if (cfg.right_devices.empty() || cfg.left_devices.empty())
     return config_error(devices_path + ": rank " + std::to_string(rank) + " needs devices toward ranks " +
                         std::to_string(left) + " and " + std::to_string(right) + " (a ring)");
+  }
+  cfg.rank = rank;
+  cfg.size = n;
   auto msg = parse_size(o.message);
   if (!msg || *msg < 4096 || *msg % 4096 != 0)
     return config_error("--message-bytes must be a whole number of 4 KiB frames");
@@ -323,6 +343,13 @@ int run_rank(const Options& o) {
     if (!o.quiet) std::printf("rank %d: %s\n", rank, s.c_str());
     std::fflush(stdout);
   };
+  // Explain mode (--explain or TBVERBS_EXPLAIN=1): every QP attribute, MR layout and budget with
+  // its reason, one line each, prefixed like every other line of this rank (also with --quiet).
+  if (o.explain) tbverbs::set_explain(true);
+  tbverbs::set_explain_sink([rank](std::string_view l) {
+    std::printf("rank %d: explain: %.*s\n", rank, static_cast<int>(l.size()), l.data());
+    std::fflush(stdout);
+  });
 
   // Sizes and types.
   std::vector<DType> types;
@@ -368,8 +395,67 @@ int run_rank(const Options& o) {
   auto lib = tbverbs::Library::load(o.library);
   if (!lib) return fail_rank(rank, "loading the verbs library", lib.error(), &*sc);
 
+  std::optional<tbverbs::Topology> topo;
+  if (discover) {
+    // Which device faces which rank, from the subnets the ports publish; the ring follows the
+    // cables (in rank order when they allow it).
+    auto t = tbverbs::discover_topology(*lib, *sc);
+    if (!t) return fail_rank(rank, "discovering the cables", t.error(), &*sc);
+    topo.emplace(std::move(*t));
+    for (const auto& p : topo->problems()) cfg.log("topology: " + p);
+    auto order = topo->ring();
+    if (!order) {
+      // Every rank computed the same graph and fails the same way: say what was found (also
+      // with --quiet), then the error naming the hops without a cable.
+      if (o.quiet)
+        for (const auto& p : topo->problems()) std::fprintf(stderr, "rank %d: topology: %s\n", rank, p.c_str());
+      for (const auto& c : topo->cables()) std::fprintf(stderr, "rank %d: topology: cable %s\n", rank, topo->describe_cable(c).c_str());
+      return fail_rank(rank, "building the ring from the discovered cables", order.error(), nullptr);
+    }
+    cfg.order = *order;
+    std::string line;
+    for (int r : cfg.order) line += (line.empty() ? "" : " -> ") + std::to_string(r);
+    cfg.log("ring order " + line + " -> " + std::to_string(cfg.order[0]) + " (discovered, no device file)");
+    int pos = 0;
+    for (int i = 0; i < n; ++i)
+      if (cfg.order[static_cast<std::size_t>(i)] == rank) pos = i;
+    const int left = cfg.order[static_cast<std::size_t>((pos + n - 1) % n)];
+    const int right = cfg.order[static_cast<std::size_t>((pos + 1) % n)];
+    auto mine = [&](int peer) {
+      std::vector<std::string> d;
+      for (const auto& c : topo->between(rank, peer)) {
+        d.push_back(topo->end(c, rank).device);
+        cfg.log("cable to rank " + std::to_string(peer) + ": " + topo->describe_cable(c));
+      }
+      return d;
+    };
+    if (n == 2) {
+      // The cables between the two ranks are shared out as a device file would (even ones carry
+      // position 0's rightward hop, odd ones position 1's; one cable carries both).
+      const auto cables = mine(right);
+      std::vector<std::string> even, odd;
+      for (std::size_t k = 0; k < cables.size(); ++k) (k % 2 == 0 ? even : odd).push_back(cables[k]);
+      if (odd.empty()) odd = even;
+      cfg.right_devices = pos == 0 ? even : odd;
+      cfg.left_devices = pos == 0 ? odd : even;
+    } else {
+      cfg.right_devices = mine(right);
+      cfg.left_devices = mine(left);
+    }
+  }
   auto ringp = ring::Ring::create(*lib, *sc, cfg, max_bytes);
-  if (!ringp) return fail_rank(rank, "setting up the ring", ringp.error(), &*sc);
+  if (!ringp) {
+    // Discovered cables whose RTR times out: the addresses say these two ports share a subnet, the
+    // driver says they are not the ends of one cable (the addresses are crossed between cables).
+    const tbverbs::Error& e = ringp.error();
+    if (topo && e.step == tbverbs::Step::modify_qp_rtr && e.is(ETIMEDOUT))
+      if (auto c = topo->cable_of(rank, e.device.view()))
+        std::fprintf(stderr,
+                     "rank %d: topology: crossed? the subnets pair %s, but RTR toward it timed out: that port's "
+                     "cable goes elsewhere; give the two ends of each cable one /30 of their own\n",
+                     rank, topo->describe_cable(*c).c_str());
+    return fail_rank(rank, "setting up the ring", ringp.error(), &*sc);
+  }
   ring::Ring& R = **ringp;
 
   int exit_code = 0;
@@ -471,6 +557,13 @@ int main(int argc, char** argv) {
   app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
   app.add_flag("--csv", o.csv, "also print a csv line per run (rank 0)");
   app.add_flag("--quiet", o.quiet, "no set-up lines");
+  app.add_flag("--no-device-file", o.no_device_file,
+               "discover which device faces which rank from the ports' subnets (one /30 per cable), as happens "
+               "when no device file is given; with --local N the ranks get no device file");
+  app.add_option("--ranks", o.ranks, "number of ranks when there is no device file (default: $TBVERBS_RANKS)");
+  app.add_flag("--explain", o.explain,
+               "print every INIT/RTR/RTS attribute, the capacities, the MR layout and the budget, each with why "
+               "(TBVERBS_EXPLAIN=1)");
   app.add_option("--fabric", o.fabric, "--local: use this existing fabric file (its state is kept between runs)");
   app.add_option("--write-fabric", o.write_fabric, "--local: write the ring fabric for N hosts to this file and exit");
   app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
@@ -519,6 +612,7 @@ int main(int argc, char** argv) {
     lo.cables = o.cables;
     lo.quirks = o.quirks;
     lo.profile = o.profile;
+    lo.no_device_file = o.no_device_file;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];

@@ -30,6 +30,8 @@
 // device's budget, staged beyond; the regions a job needs are counted before anything is made.
 #pragma once
 
+#include <tbverbs/budget.hpp>
+#include <tbverbs/explain.hpp>
 #include <tbverbs/link.hpp>
 #include <tbverbs/side_channel.hpp>
 #include <tbverbs/tbverbs.hpp>
@@ -62,8 +64,12 @@ enum class Memory { automatic, registered, staged };
 struct Config {
   int rank = 0;
   int size = 1;
-  std::vector<std::string> left_devices;   // one device per cable to rank - 1, in the cables' agreed order
-  std::vector<std::string> right_devices;  // one device per cable to rank + 1
+  // The ring order: order[p] is the rank at position p (empty: 0, 1, ..., size - 1). The left
+  // neighbour is the rank before this one in it, the right neighbour the rank after it; topology
+  // discovery makes an order that follows the cables when they do not follow the rank numbers.
+  std::vector<int> order;
+  std::vector<std::string> left_devices;   // one device per cable to the left neighbour, in the cables' agreed order
+  std::vector<std::string> right_devices;  // one device per cable to the right neighbour
   std::size_t message_bytes = 256 * 1024;  // largest message (a whole number of 4 KiB frames)
   int window = 8;                          // messages in flight per direction
   Memory memory = Memory::automatic;
@@ -138,7 +144,17 @@ public:
   Result<void> all_sum(std::size_t count, DType t, bool in_place, const std::function<Result<void>()>& before_start);
 
 private:
-  Ring(tbverbs::SideChannel& sc, Config cfg) : sc_(sc), mailbox_(sc), cfg_(std::move(cfg)) {}
+  Ring(tbverbs::SideChannel& sc, Config cfg) : sc_(sc), mailbox_(sc), cfg_(std::move(cfg)) {
+    const int n = cfg_.size;
+    if (cfg_.order.size() != static_cast<std::size_t>(n)) {
+      cfg_.order.clear();
+      for (int i = 0; i < n; ++i) cfg_.order.push_back(i);
+    }
+    for (int i = 0; i < n; ++i)
+      if (cfg_.order[static_cast<std::size_t>(i)] == cfg_.rank) pos_ = i;
+    left_ = cfg_.order[static_cast<std::size_t>((pos_ + n - 1) % n)];
+    right_ = cfg_.order[static_cast<std::size_t>((pos_ + 1) % n)];
+  }
 
   Result<void> open_ports(const tbverbs::Library& lib);
   Result<void> check_cables();
@@ -168,6 +184,8 @@ private:
   std::size_t slots_ = 0;       // scratch slots per direction (2 x window)
   std::uint32_t epoch_ = 0;
   std::string where_;
+  int pos_ = 0;              // this rank's position in the ring order
+  int left_ = 0, right_ = 0; // the neighbours' ranks
 };
 
 inline void say(const Config& c, const std::string& s) {
@@ -210,10 +228,6 @@ inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
             return fail(sel.error());
           ::usleep(50 * 1000);
         }
-        where_ = "allocating the protection domain of " + name;
-        auto pd = p->context->alloc_pd();
-        if (!pd) return fail(pd.error());
-        p->pd.emplace(std::move(*pd));
         found = p.get();
         ports_.push_back(std::move(p));
       }
@@ -222,7 +236,7 @@ inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
     }
   }
   for (int s = 0; s < 2; ++s) {
-    const int peer = s == 0 ? (cfg_.rank + cfg_.size - 1) % cfg_.size : (cfg_.rank + 1) % cfg_.size;
+    const int peer = s == 0 ? left_ : right_;
     for (std::size_t c = 0; c < cables_[s].size(); ++c) {
       const auto& g = *cables_[s][c]->gid;
       say(cfg_, std::string(side_name[s]) + " cable " + std::to_string(c) + " to rank " + std::to_string(peer) + ": " +
@@ -242,7 +256,7 @@ inline Result<void> Ring::check_cables() {
   tbverbs::detail::put_be<std::uint32_t>(mine + 4, static_cast<std::uint32_t>(cables_[1].size()));
   auto all = sc_.all_gather(mine);
   if (!all) return fail(all.error());
-  const int n = cfg_.size, r = cfg_.rank, right = (r + 1) % n;
+  const int r = cfg_.rank, right = right_;
   const auto& theirs = (*all)[static_cast<std::size_t>(right)];
   if (theirs.size() != 8) return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed cable count"));
   const auto their_left = tbverbs::detail::get_be<std::uint32_t>(theirs.data());
@@ -312,11 +326,36 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
     if (*need > budget(*p)) fits_registered = false;
     tally += (tally.empty() ? "" : ", ") + p->name + ": " + std::to_string(*need) + " of " + std::to_string(budget(*p));
   }
+  // (Registered memory that does not fit is refused by the budget check below, with every shortfall.)
   if (cfg_.memory == Memory::registered && !fits_registered)
-    return fail(Error::make(Step::reg_mr, ErrorKind::capacity,
-                            "registering the buffers needs more memory regions than the devices allow (" + tally +
-                                "); use staged memory (--memory staged or auto)"));
+    say(cfg_, "registered memory needs more regions than the devices allow (" + tally + "); staged memory would fit");
   staged_ = cfg_.memory == Memory::staged || (cfg_.memory == Memory::automatic && !fits_registered);
+  // The whole budget of every device (QPs, CQs, PDs, MRs, frames per queue), checked before the
+  // first PD, region or queue pair exists; the error lists every shortfall.
+  for (auto& p : ports_) {
+    tbverbs::JobShape shape;
+    shape.links = p->links;
+    shape.message_bytes = slot_bytes_;
+    shape.window = cfg_.window;
+    if (!staged_) shape.buffers = {in_.size(), out_.size()};
+    shape.buffers.push_back(scratch_bytes(staged_));
+    auto limits = tbverbs::DeviceLimits::of(*p->context);
+    if (!limits) return fail(limits.error());
+    auto needs = tbverbs::JobNeeds::of(shape, *limits);
+    if (!needs) return fail(needs.error());
+    where_ = "checking the resource budget of " + p->name;
+    if (auto fits = tbverbs::check_budget(*needs, *limits); !fits) return fail(fits.error());
+    tbverbs::explain(p->name + ": budget " + tbverbs::budget_summary(*needs, *limits));
+  }
+  where_ = "registering buffers";
+  for (auto& p : ports_) {
+    auto pd = p->context->alloc_pd();
+    if (!pd) {
+      where_ = "allocating the protection domain of " + p->name;
+      return fail(pd.error());
+    }
+    p->pd.emplace(std::move(*pd));
+  }
   if (auto s = alloc(scratch_, scratch_bytes(staged_)); !s) return s;
   for (auto& p : ports_) {
     auto need = regions(*p, staged_);
@@ -342,13 +381,23 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
     say(cfg_, p->name + ": " + std::to_string(*need) + " memory region(s) (" +
                   (staged_ ? "staged through scratch slots" : "user buffers registered") + ") in " +
                   std::to_string(us.count()) + " us");
+    if (tbverbs::explain_enabled()) {
+      if (p->in) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->in, "input buffer", p->device.max_mr_size));
+      if (p->out) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->out, "output buffer", p->device.max_mr_size));
+      tbverbs::explain(p->name + ": MR " +
+                       tbverbs::explain_memory(*p->scratch,
+                                               staged_ ? "scratch (receive and send slots: staged memory)"
+                                                       : "scratch (receive slots of the reduce-scatter)",
+                                               p->device.max_mr_size));
+    }
   }
   return {};
 }
 
 inline Result<void> Ring::connect() {
-  const int n = cfg_.size, r = cfg_.rank;
-  const int left = (r + n - 1) % n, right = (r + 1) % n;
+  const int n = cfg_.size, r = pos_;  // positions in the ring order: the same on both ends of a hop
+  const int left = left_, right = right_;
+  const int left_pos = (r + n - 1) % n;
   const std::uint32_t frames = tbverbs::frames_of(cfg_.message_bytes);
   const std::uint32_t depth =
       std::min<std::uint32_t>(tbverbs::max_depth_frames, frames * 2 * static_cast<std::uint32_t>(cfg_.window) + frames);
@@ -361,7 +410,7 @@ inline Result<void> Ring::connect() {
       spec.peer = s == 0 ? left : right;
       // The cable's identity, the same on both ends: the rank at the hop's left end, and the
       // cable's position in both ranks' lists.
-      spec.id = static_cast<std::uint32_t>(s == 0 ? left : r) * 64u + static_cast<std::uint32_t>(c);
+      spec.id = static_cast<std::uint32_t>(s == 0 ? left_pos : r) * 64u + static_cast<std::uint32_t>(c);
       spec.context = &*p.context;
       spec.pd = &*p.pd;
       spec.recipe.emplace(tbverbs::QpRecipe::for_platform(p.context->platform(), *p.gid));
@@ -424,7 +473,7 @@ inline Result<void> Ring::connect() {
 inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
                                   const std::function<Result<void>()>& before_start) {
   using clock = std::chrono::steady_clock;
-  const int n = cfg_.size, r = cfg_.rank;
+  const int n = cfg_.size, r = pos_;  // the chunk schedule runs over ring positions
   const std::size_t es = dtype_size(t);
   const std::size_t W = static_cast<std::size_t>(cfg_.window);
   const std::size_t S = slots_;  // scratch slots per direction
@@ -577,7 +626,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
     for (int d = 0; d < 2; ++d) {
       if (received[d] < T) {
         const std::size_t step = received[d] / m;
-        const int from = d == 0 ? (r + n - 1) % n : (r + 1) % n;
+        const int from = d == 0 ? left_ : right_;
         w += std::string(w.empty() ? "" : ", ") + "message " + std::to_string(received[d]) + "/" +
              std::to_string(T) + " from rank " + std::to_string(from) + " (" +
              (step < static_cast<std::size_t>(n - 1) ? "reduce-scatter step " + std::to_string(step)

@@ -9,6 +9,8 @@
 /// 4 KiB frames, one registered warm-up buffer per link, freed once the link is verified).
 #pragma once
 
+#include "explain.hpp"
+#include "measured_profile.hpp"
 #include "memory_region_set.hpp"
 #include "message_size.hpp"
 #include "side_channel.hpp"
@@ -198,6 +200,10 @@ private:
 /// check their bytes, and exchange the outcomes. A link whose full-size message went through both
 /// ways is kept. Otherwise it is destroyed and recreated on both sides; when only the probes went
 /// through, twice, the next round warms up with one-frame messages only (macOS 26.2).
+/// In explain mode (explain.hpp: TBVERBS_EXPLAIN=1) every link's warm-up region layout and every
+/// INIT/RTR/RTS attribute of each round's QP is printed with the rule that chose it. The CQs wait
+/// as measured_cq_wait() says: polling on Apple unless tbverbs-probe measured working completion
+/// channels (TBVERBS_PROFILE).
 /// After `options.attempts` rounds in which a direction delivered nothing: `timeout` at
 /// Step::link_warmup naming the link, the peer rank and the direction that failed (or
 /// `peer_lost` when the peer's side channel closed). Errors of the verbs steps (create_qp,
@@ -387,6 +393,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     std::optional<AlignedBuffer> buffer;   // declared before mr: outlives the regions on it
     std::optional<MemoryRegionSet> mr;     // registered before any QP of the link exists
     std::size_t capacity = 0;              // largest warm-up message the buffer holds
+    PortAttributes port;                   // the local port (explain mode's MTU negotiation)
     std::size_t bytes = 0;                 // this round's warm-up size, agreed with the peer
     bool done = false;
     int dead = 0;                          // rounds in which a direction delivered nothing
@@ -427,6 +434,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     if (!dev) return fail(with_link(dev.error(), i));
     auto port = s.context->query_port(s.recipe->gid().port());
     if (!port) return fail(with_link(port.error(), i));
+    st[i].port = *port;
     const std::size_t wanted = std::max<std::size_t>(options.warmup_bytes & ~std::size_t{3}, 4);
     auto guess = largest_message_guess(s.context->platform(), *port, *dev, wanted);
     if (!guess) return fail(with_link(guess.error(), i));
@@ -449,6 +457,9 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     auto mr = MemoryRegionSet::reg(*s.pd, st[i].buffer->bytes(), dev->max_mr_size, st[i].capacity);
     if (!mr) return fail(with_link(mr.error(), i));
     st[i].mr.emplace(std::move(*mr));
+    if (explain_enabled())
+      explain(name(i) + ": MR warm-up buffer (" + std::string(guess->reason) + " caps the message at " +
+              std::to_string(st[i].capacity) + " bytes): " + explain_memory(*st[i].mr, "send and receive slots", dev->max_mr_size));
   }
 
   // A link is given up after `attempts` rounds in which a direction delivered nothing. A round in
@@ -468,7 +479,8 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       const QpCapacities& c = sp.recipe->requested_capacities();
       const int entries =
           options.cq_entries > 0 ? options.cq_entries : static_cast<int>(c.max_send_wr + c.max_recv_wr + 16);
-      auto cq = sp.context->create_cq(entries);
+      // Apple: polling, unless tbverbs-probe measured channels that work (TBVERBS_PROFILE).
+      auto cq = sp.context->create_cq(entries, measured_cq_wait(sp.context->platform()));
       if (!cq) return fail(with_link(cq.error(), i));
       auto prep = sp.recipe->prepare(*sp.pd, *cq);
       if (!prep) return fail(with_link(prep.error(), i));
@@ -505,6 +517,12 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       const std::size_t mine = s.size_limited >= 2 ? frame_bytes : s.capacity;
       s.bytes = static_cast<std::size_t>(std::min<std::uint64_t>(mine, theirs));
       if (s.bytes < 4) s.bytes = 4;
+      if (explain_enabled())
+        for (const auto& l : explain_queue_pair(*specs[i].recipe, s.port, s.prepared->capacities(),
+                                                s.prepared->endpoint(), *remote,
+                                                name(i) + " (" + std::string(specs[i].context->name()) + ", round " +
+                                                    std::to_string(round + 1) + ")"))
+          explain(l);
       auto qp = std::move(*s.prepared).connect(*remote);
       s.prepared.reset();
       if (!qp) return fail(with_link(qp.error(), i));

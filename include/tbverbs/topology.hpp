@@ -141,7 +141,8 @@ public:
     std::vector<bool> used(static_cast<std::size_t>(n));
     used[0] = true;
     long budget = 2000000; // bounded search: a 64-rank job still answers quickly
-    if (n == 2 ? adj[0][1] : hamilton(adj, order, used, budget)) return order;
+    if (n == 2 && adj[0][1]) return std::vector<int>{0, 1};
+    if (n > 2 && hamilton(adj, order, used, budget)) return order;
     // None: name the hops of the rank-order ring that have no cable, with both ends' ports.
     std::string why = "no ring through all " + std::to_string(n) + " ranks along the discovered cables";
     for (int r = 0; r < n && why.size() < 200; ++r) {

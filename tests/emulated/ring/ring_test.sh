@@ -253,6 +253,92 @@ case "$CASE" in
     expect_not "HUNG"
     echo "ok: three attempts per link, then a link_warmup error naming the peer and the direction"
     ;;
+  discover)
+    # No device file: the ranks find which device faces which rank from the ports' subnets and
+    # build the ring from the discovered cables. FABRIC_FILE (optional, relative to this
+    # directory) is a fabric whose cables do not follow the device naming, nor the rank order.
+    n=$1; fabric=$2; order=$3; shift 3
+    extra=()
+    [ "$fabric" != - ] && extra=(--fabric "$(dirname "$0")/fabrics/$fabric")
+    run --local "$n" --no-device-file "${extra[@]}" "$@"
+    [ $RC -eq 0 ] || fail "launcher exited $RC"
+    expect "devices \(none: discovered\)"
+    expect_count "rank [0-9]+: ring order $order \(discovered, no device file\)" "$n"
+    expect "all_sum .*ranks=$n .*: verified$"
+    expect_not "MISMATCH|FAILED"
+    echo "ok: $n ranks without a device file, ring order $order discovered, verified"
+    ;;
+  discover_fail)
+    # Cables that cannot make a ring: every rank must fail at once, naming the problem and both
+    # ends; nobody hangs.   discover_fail N FABRIC [ring args...] -- PATTERN...
+    n=$1; fabric=$2; shift 2
+    args=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done; [ $# -gt 0 ] && shift
+    run --local "$n" --no-device-file --fabric "$(dirname "$0")/fabrics/$fabric" "${args[@]}"
+    [ $RC -ne 0 ] || fail "launcher exited 0 on cables that make no ring"
+    expect_not "HUNG"
+    for pat in "$@"; do expect "$pat"; done
+    echo "ok: $# expected lines"
+    ;;
+  no_file_by_hand)
+    # The hardware path without any device file: two ranks started by hand with only the rank,
+    # the coordinator and the number of ranks; they discover the cables.
+    lib=$1; shift
+    "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    port=$((20000 + RANDOM % 20000)); pids=(); rcs=0
+    for r in 0 1; do
+      env -u JACCL_IBV_DEVICES -u MLX_IBV_DEVICES TBVERBS_EMU_FABRIC="$FABRIC" TBVERBS_LIBRARY="$lib" \
+        TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r JACCL_RANK=$r \
+        JACCL_COORDINATOR=127.0.0.1:$port "$RING" --ranks 2 "$@" >"$WORK/rank$r.txt" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rcs=1; done
+    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
+    [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+    expect "^rank 0: ring order 0 -> 1 -> 0 \(discovered, no device file\)"
+    expect "^rank 1: cable to rank 0: rank 0 rdma_en[12] \(10\.99\.[01]\.[12]/30\) <-> rank 1 rdma_en[12]"
+    expect "^all_sum .*ranks=2 .*: verified$"
+    expect_not "MISMATCH|FAILED"
+    echo "ok: no device file at all, two ranks by hand, cables discovered, verified"
+    ;;
+  explain)
+    # --explain: every INIT/RTR/RTS attribute with its reason, the capacities asked and granted,
+    # the MR layout and the budget, one line each.
+    run --local 2 --explain "$@"
+    [ $RC -eq 0 ] || fail "launcher exited $RC"
+    for pat in "explain: .*create_qp qp_type=UC \(Apple's Thunderbolt driver offers UC only" \
+               "explain: .*create_qp cap.max_send_wr asked [0-9]+, granted [0-9]+ \(4 KiB frames" \
+               "explain: .*INIT qp_access_flags=0x0 none \(SEND/RECV only" \
+               "explain: .*RTR path_mtu=1024 \(the smaller of local 1024 and the peer's 1024; port active MTU 4096" \
+               "explain: .*RTR ah_attr.grh.sgid_index=1 \(GID\[1\] ::ffff:10\.99\.[0-9.]+, first IPv4-mapped entry" \
+               "explain: .*RTR ah_attr.grh.dgid=::ffff:10\.99\." \
+               "explain: .*RTS sq_psn=0x[0-9a-f]+ \(this QP's initial PSN" \
+               "explain: .*MR warm-up buffer" \
+               "explain: rdma_en[12]: MR input buffer: [0-9]+ bytes in [0-9]+ region\(s\)" \
+               "explain: rdma_en[12]: budget 2 of 10 QPs, 2 of 11 CQs, 1 of 11 PDs, [0-9]+ of 100 MRs"; do
+      expect "$pat"
+    done
+    expect "all_sum .*: verified$"
+    echo "ok: explain lines for every transition, the capacities, the MRs and the budget"
+    ;;
+  budget)
+    # A job that does not fit the device: a device file listing one device for 12 cables puts 12
+    # links (QPs and CQs) on it. Refused before any PD, MR or QP exists, every shortfall named.
+    lib=$1; shift
+    l='"rdma_en1","rdma_en1","rdma_en1","rdma_en1","rdma_en1","rdma_en1"'
+    echo "[[null, [$l,$l]], [[$l,$l], null]]" >"$WORK/devices.json"
+    port=$((20000 + RANDOM % 20000)); pids=()
+    for r in 0 1; do
+      env TBVERBS_LIBRARY="$lib" TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r JACCL_RANK=$r \
+        JACCL_COORDINATOR=127.0.0.1:$port JACCL_IBV_DEVICES="$WORK/devices.json" "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
+      pids+=($!)
+    done
+    rcs=0; for p in "${pids[@]}"; do wait "$p" && rcs=$((rcs + 1)); done
+    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
+    [ $rcs -eq 0 ] || fail "a rank exited 0 although the job does not fit"
+    expect "^rank 0: FAILED during setting up the ring: .*the job does not fit rdma_en1: QPs: needs 12, allows 10; CQs: needs 12, allows 11"
+    expect_not "ibv_create_qp failed|ibv_reg_mr failed"
+    echo "ok: the budget refused 12 links on one device before creating anything, naming QPs and CQs"
+    ;;
   *)
     echo "unknown case $CASE"; exit 2 ;;
 esac
