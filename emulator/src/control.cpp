@@ -179,6 +179,18 @@ EMU_EXPORT int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn) {
   return 0;
 }
 
+EMU_EXPORT int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
+  Guard g(f->shm->lock);
+  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  // The process now holding the owner's pid started at another time than the QP's owner did.
+  __atomic_store_n(&q.pid_start, q.pid_start + 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
 namespace {
 // Arms one fault of `kind` on `host` (the faults that need nothing but a host and a delay).
 int arm_host_fault(const char* fabric, const char* host, uint32_t kind, uint32_t delay_us) {

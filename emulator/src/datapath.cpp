@@ -76,11 +76,39 @@ bool check_region(Shared* s, uint32_t key, uint64_t addr, uint64_t len, int32_t 
 
 enum class Copy { Ok, Gone, Fault };
 
+// Whether `pid` is still the process that started at `start`. A QP of a dead process is reclaimed
+// lazily, and its pid may meanwhile belong to another process: a send to the dead one must not
+// land there (issue 9). A pidfd names one process for good, so it is opened and checked against
+// the start time once per peer (a small per-thread cache), then each copy asks with a signal-0
+// probe whether that very process still lives.
+bool same_process(int32_t pid, uint64_t start) {
+  struct Entry {
+    int32_t pid = 0;
+    uint64_t start = 0;
+    int fd = -1;
+  };
+  thread_local Entry cache[8];
+  thread_local unsigned next = 0;
+  for (const Entry& e : cache)
+    if (e.fd >= 0 && e.pid == pid && e.start == start) return syscall(SYS_pidfd_send_signal, e.fd, 0, nullptr, 0) == 0;
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ENOSYS && process_start(pid) == start;  // no pidfds: the start time alone
+  if (process_start(pid) != start) {
+    ::close(fd);
+    return false;
+  }
+  Entry& slot = cache[next++ % 8];
+  if (slot.fd >= 0) ::close(slot.fd);
+  slot = Entry{pid, start, fd};
+  return syscall(SYS_pidfd_send_signal, fd, 0, nullptr, 0) == 0;
+}
+
 // One copy between two processes' registered memory (one of them this process):
 // memcpy, process_vm_writev (into the peer) or process_vm_readv (from the peer).
 // Gone: the other process no longer exists. Fault: its mapping vanished.
+// `other_start` is the start time of the process that is not this one (see same_process).
 Copy copy_iov(int32_t src_pid, const iovec* src, unsigned nsrc, int32_t dst_pid, const iovec* dst, unsigned ndst,
-              uint64_t total) {
+              uint64_t total, uint64_t other_start) {
   if (total == 0) return Copy::Ok;
   const int32_t me = getpid();
   if (src_pid == me && dst_pid == me) {
@@ -99,6 +127,7 @@ Copy copy_iov(int32_t src_pid, const iovec* src, unsigned nsrc, int32_t dst_pid,
     }
     return Copy::Ok;
   }
+  if (!same_process(src_pid == me ? dst_pid : src_pid, other_start)) return Copy::Gone;
   ssize_t r = src_pid == me ? process_vm_writev(dst_pid, src, nsrc, dst, ndst, 0)
                             : process_vm_readv(src_pid, dst, ndst, src, nsrc, 0);
   if (r < 0) return errno == ESRCH ? Copy::Gone : Copy::Fault;
@@ -195,6 +224,7 @@ inline uint32_t packets_of(const ShmQp* me, uint64_t len) {
 struct PeerView {
   ShmQp* qp = nullptr;
   int32_t pid = 0;
+  uint64_t pid_start = 0;
   uint32_t pd = 0, qpn = 0, recv_cq = 0, access = 0;
 };
 
@@ -218,6 +248,7 @@ Peer find_peer(EmuQp* q, PeerView* pv) {
   if (!__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE) || p->qpn != dq) return Peer::Absent;
   pv->qp = p;
   pv->pid = p->pid;
+  pv->pid_start = p->pid_start;
   pv->pd = p->pd;
   pv->qpn = p->qpn;
   pv->recv_cq = p->recv_cq;
@@ -258,7 +289,9 @@ struct Outcome {
   bool gone = false;                      // the other process is gone (nothing was written)
 };
 
-Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool tb) {
+// `other_start`: the start time of the process on the other side (see same_process).
+Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool tb,
+                uint64_t other_start) {
   Outcome o;
   const bool is_write = m.wdst != nullptr;
   // The receive's SGEs were checked when posted; pin their regions (which fails for one
@@ -287,7 +320,7 @@ Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t 
   }
   Copy r;
   if (is_write) {
-    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, m.wdst, 1, m.len);
+    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, m.wdst, 1, m.len, other_start);
   } else {
     iovec dst[kMaxSge];
     unsigned nd = 0;
@@ -300,7 +333,7 @@ Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t 
       ++nd;
       left -= n;
     }
-    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, dst, nd, m.len);
+    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, dst, nd, m.len, other_start);
   }
   if (r == Copy::Gone) o.gone = true;
   if (r == Copy::Fault) {
@@ -407,7 +440,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         Guard g(pv.qp->lock);
         if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
       }
-      if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len) != Copy::Ok) {
+      if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len, pv.pid_start) != Copy::Ok) {
         if (rc) return Tx::NotReady;
         complete_send(q, op, IBV_WC_SUCCESS);
         return Tx::Done;
@@ -490,7 +523,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
 
   Msg m{op.opcode, op.len, src, nsrc, q->s->pid, is_write ? &wdst : nullptr};
-  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, tb);
+  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, tb, pv.pid_start);
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
@@ -877,7 +910,7 @@ void rx_drain(EmuQp* q) {
     const RecvEntry e = me->ring[me->head & (kRecvRing - 1)];
     iovec src{reinterpret_cast<void*>(w.src_addr), w.len};
     Msg m{IBV_WR_SEND, w.len, &src, w.len ? 1u : 0u, w.pid};
-    Outcome o = deliver(s, m, e, me->pid, me->qpn, true);
+    Outcome o = deliver(s, m, e, me->pid, me->qpn, true, sq.pid_start);
     me->whead++;
     if (o.gone) continue;  // the sender died with its memory: its message is lost
     me->head++;

@@ -246,6 +246,7 @@ struct ShmQp {
   ShmLock lock;      // guards the receive ring, the wait queue and the counters below it
   uint32_t in_use;
   int32_t pid;
+  uint64_t pid_start; // the owner's start time: pid and start time name a process (pids are reused)
   uint32_t qpn;
   uint32_t type;     // ibv_qp_type
   uint32_t state;    // ibv_qp_state
@@ -323,7 +324,7 @@ struct Shared {
   ShmCq cqs[kMaxCqs];
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550005ull;  // "TBVEMU" v5 (ShmMr::pins)
+constexpr uint64_t kMagic = 0x54425645'4d550006ull;  // "TBVEMU" v6 (ShmQp::pid_start)
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);
@@ -331,6 +332,10 @@ Shared* open_shared(Fabric& f);
 void reset_shared(const Fabric& f);
 
 bool pid_alive(int32_t pid);
+// The start time of process `pid` (clock ticks since boot, /proc/PID/stat), 0 when unknown; and
+// this process's, read once.
+uint64_t process_start(int32_t pid);
+uint64_t self_start();
 // Frees QP/CQ/MR/PD slots whose owner process no longer exists (leaked PDs stay).
 // Caller holds shm->lock.
 void collect_dead(Shared* s);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -586,6 +587,38 @@ bool pid_alive(int32_t pid) {
   buf[n] = 0;
   const char* rp = std::strrchr(buf, ')');  // the command name may contain spaces
   return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
+}
+
+uint64_t process_start(int32_t pid) {
+  if (pid <= 0) return 0;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  // Field 22 (starttime); the command name (field 2) may hold spaces and parentheses, so count
+  // from its closing parenthesis: the space after it starts field 3.
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  ++p;
+  for (int field = 3; field < 22 && p; ++field) p = std::strchr(p + 1, ' ');
+  return p ? std::strtoull(p + 1, nullptr, 10) : 0;
+}
+
+uint64_t self_start() {
+  // Cached per pid: a forked child inherits the cache and must read its own.
+  static std::atomic<int32_t> pid{0};
+  static std::atomic<uint64_t> start{0};
+  const int32_t me = getpid();
+  if (pid.load(std::memory_order_acquire) != me) {
+    start.store(process_start(me), std::memory_order_relaxed);
+    pid.store(me, std::memory_order_release);
+  }
+  return start.load(std::memory_order_relaxed);
 }
 
 void collect_dead(Shared* s) {

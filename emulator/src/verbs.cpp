@@ -837,6 +837,7 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     Guard g2(x.lock);
     uint32_t gen = (s->next_gen++ & 0xffff) | 1;
     x.pid = getpid();
+    x.pid_start = self_start();
     x.qpn = (gen << 8) | static_cast<uint32_t>(slot);
     x.type = init->qp_type;
     x.state = IBV_QPS_RESET;

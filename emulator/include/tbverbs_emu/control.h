@@ -73,6 +73,10 @@ int tbemu_fault_clear(const char* fabric);
  * faults. Valid until the next call in this thread; NULL on error. */
 const char* tbemu_describe(const char* fabric);
 
+/* Makes QP `qpn` look as if its owner died and another process got its pid (the QP records the
+ * owner's start time): nothing may be written into that process any more. */
+int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn);
+
 /* Directory holding the fabric's shared state; NULL on error. */
 const char* tbemu_state_dir(const char* fabric);
 
