@@ -21,6 +21,7 @@
 //              --iters N (default 1000)  --timeout SECONDS (every wait, default 10)
 //              --events (ask for a completion channel so waits sleep on it; where the driver
 //                        refuses one, as Apple's may, the wait polls and says so once)
+//              --explain (print every INIT/RTR/RTS attribute and capacity with why: TBVERBS_EXPLAIN=1)
 //
 // Completion waits poll by default on Apple's driver (TN3205: "all queue pair operations are
 // non-blocking and the caller must poll"): a short spin, then yields, then sleeps of at most
@@ -32,6 +33,7 @@
 // The two processes find each other over a plain TCP connection (the "bootstrap"): it carries
 // the queue pairs' endpoints (QP number, PSN, GID) and a few one-byte "I am ready" barriers.
 // RDMA itself needs that out-of-band exchange; real programs use their launcher's channel.
+#include <tbverbs/explain.hpp>
 #include <tbverbs/tbverbs.hpp>
 
 #include <arpa/inet.h>
@@ -85,6 +87,7 @@ struct Options {
   int iters = 1000;
   int timeout_s = 10;
   bool events = false;            // --events: ask for a completion channel (CqWait::channel)
+  bool explain = false;           // --explain: every QP attribute with why (TBVERBS_EXPLAIN=1)
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -432,6 +435,16 @@ int run(Options o, bool server, int sock) {
 
   // 8. Connect: INIT → RTR (toward the peer's QP and GID) → RTS. connect() consumes the prepared
   //    QP; only the connected QueuePair has post functions.
+  // Explain mode (--explain, TBVERBS_EXPLAIN=1): every attribute connect() is about to set, with why.
+  if (o.explain) tbverbs::set_explain(true);
+  if (tbverbs::explain_enabled()) {
+    const tbverbs::PortAttributes port_attrs = check(ctx.query_port(gid.port()));
+    for (const auto& line : tbverbs::explain_queue_pair(recipe, port_attrs, granted, prepared.endpoint(), remote, {}))
+      tbverbs::explain(line);
+    tbverbs::explain("MR: one page-aligned buffer of " + std::to_string(buf.size()) + " bytes, one region, access " +
+                     tbverbs::detail::access_names(static_cast<unsigned>(mr.access())) +
+                     " (reg_mr_two_sided: local write first, as TN3205 advises, then with remote rights)");
+  }
   tbverbs::QueuePair qp = check(std::move(prepared).connect(remote));
   say(std::string(qp.type() == tbverbs::QpType::uc ? "UC" : "RC") + " QP " + std::to_string(qp.qp_num()) +
       " connected to QP " + std::to_string(remote.qp_num) + " at " + remote.gid.to_string());
@@ -683,7 +696,7 @@ int usage(const char* argv0, int status) {
   std::fprintf(status ? stderr : stdout,
                "usage: %s --server [--port P] | --connect HOST:PORT | --local [--profile thunderbolt|rdma-core-rc]\n"
                "       [--device NAME] [--library PATH] [--size BYTES] [--bw-size BYTES] [--iters N] [--timeout S]\n"
-               "       [--events]\n",
+               "       [--events] [--explain]\n",
                argv0);
   return status;
 }
@@ -728,6 +741,7 @@ int main(int argc, char** argv) {
     else if (arg == "--iters") o.iters = static_cast<int>(number());
     else if (arg == "--timeout") o.timeout_s = static_cast<int>(number());
     else if (arg == "--events") o.events = true;
+    else if (arg == "--explain") o.explain = true;
     else if (arg == "-h" || arg == "--help") return usage(argv[0], 0);
     else {
       std::fprintf(stderr, "unknown argument: %s\n", argv[i]);

@@ -458,8 +458,8 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     if (!mr) return fail(with_link(mr.error(), i));
     st[i].mr.emplace(std::move(*mr));
     if (explain_enabled())
-      explain(name(i) + ": MR warm-up buffer (" + std::string(guess->reason) + " caps the message at " +
-              std::to_string(st[i].capacity) + " bytes): " + explain_memory(*st[i].mr, "send and receive slots", dev->max_mr_size));
+      explain(name(i) + ": MR warm-up buffer for messages of up to " + std::to_string(st[i].capacity) + " bytes (" +
+              std::string(guess->reason) + "): " + explain_memory(*st[i].mr, "send and receive slots", dev->max_mr_size));
   }
 
   // A link is given up after `attempts` rounds in which a direction delivered nothing. A round in

@@ -8,6 +8,7 @@
 // poll.
 // Exit status: 0 when every checked port can carry a connection, 1 when something is wrong,
 // 2 on a usage error. `--json` prints the same findings for a bug report.
+#include <tbverbs/budget.hpp>
 #include <tbverbs/tbverbs.hpp>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 
 #include <sys/utsname.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +25,24 @@ using namespace tbverbs;
 using nlohmann::json;
 
 namespace {
+
+// A job to budget (--ranks N): its topology, and the sizes ring_all_sum uses by default.
+struct JobPlan {
+  int ranks = 0;                 // 0: no job given
+  std::string topology = "ring"; // ring: two neighbours; mesh: every other rank
+  int cables = 1;                // cables per neighbour
+  std::size_t message_bytes = 256 * 1024;
+  int window = 8;
+  std::size_t buffer_bytes = 0;  // registered user buffers (input and output), 0: staged
+  std::size_t devices = 1;       // devices on this host the links are spread over
+  /// Links (QPs) of this host's job on one device.
+  int links_per_device() const {
+    const int peers = topology == "mesh" ? ranks - 1 : 2;
+    const int links = peers * cables;
+    const int d = static_cast<int>(std::max<std::size_t>(1, devices));
+    return (links + d - 1) / d;
+  }
+};
 
 struct Finding {
   std::string check;   // what was checked ("port rdma_en2:1 state")
@@ -75,7 +95,39 @@ void check_completions(Report& report, const Context& ctx, const std::string& de
                     "; tbverbs polls instead");
 }
 
-void check_device(Report& report, const Library& lib, const Device& device, int qp_need) {
+// The job's budget on this device (budget.hpp): QPs, CQs, PDs, MRs and frames per queue, before
+// anything is created; one finding listing every shortfall.
+void check_budget_of(Report& report, const Context& ctx, const std::string& dev, const JobPlan& job) {
+  auto limits = DeviceLimits::of(ctx);
+  if (!limits) return report.problem("budget " + dev, limits.error());
+  JobShape shape;
+  shape.links = job.links_per_device();
+  shape.message_bytes = job.message_bytes;
+  shape.window = job.window;
+  // Like ring_all_sum: the window lowered to fit 4095 frames; user buffers and scratch slots.
+  if (limits->frames) {
+    const std::uint32_t f = frames_of(job.message_bytes);
+    const int fit = static_cast<int>((max_depth_frames - f) / (2 * f));
+    shape.window = std::max(1, std::min(shape.window, fit));
+  }
+  if (job.buffer_bytes > 0) shape.buffers = {job.buffer_bytes, job.buffer_bytes};
+  shape.buffers.push_back((job.buffer_bytes > 0 ? 2 : 4) * 2 * static_cast<std::size_t>(shape.window) * job.message_bytes + 4096);
+  auto needs = JobNeeds::of(shape, *limits);
+  if (!needs) return report.problem("budget " + dev, needs.error());
+  const std::string what = "budget " + dev + " (" + job.topology + " of " + std::to_string(job.ranks) + " ranks, " +
+                           std::to_string(shape.links) + " link(s) on this device)";
+  const auto sf = shortfalls(*needs, *limits);
+  if (sf.empty()) return report.pass(what, budget_summary(*needs, *limits));
+  Finding f{what, false, {}, {}, {}};
+  for (std::size_t i = 0; i < sf.size(); ++i) f.detail += (i ? "; " : "") + sf[i].to_string();
+  f.cause = "the job needs more of this device than it allows, so it would fail at the verb that runs out "
+            "(create_qp EBUSY at the 11th QP on Apple, reg_mr at about the 100th region)";
+  f.remedy = "fewer links per device (more cables and devices, fewer ranks in a mesh), smaller messages or a "
+             "smaller window, staged memory (fewer regions)";
+  report.findings.push_back(std::move(f));
+}
+
+void check_device(Report& report, const Library& lib, const Device& device, int qp_need, const JobPlan& job) {
   const std::string dev(device.name());
   auto ctx = Context::open(lib, device);
   if (!ctx) return report.problem("open " + dev, ctx.error());
@@ -102,6 +154,7 @@ void check_device(Report& report, const Library& lib, const Device& device, int 
     if (qp_need > 0) d += "; the job needs " + std::to_string(qp_need);
     report.pass("QP budget " + dev, d);
   }
+  if (job.ranks > 0) check_budget_of(report, *ctx, dev, job);
   check_completions(report, *ctx, dev);
   const int ports = attrs->phys_port_cnt > 0 ? attrs->phys_port_cnt : 1;
   for (int p = 1; p <= ports; ++p) {
@@ -161,7 +214,33 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "check only this device (default: all)");
   app.add_option("--qps", qp_need, "QPs the job will create per device (checked against the device's cap)");
   app.add_flag("--json", as_json, "print the findings as JSON (for bug reports)");
+  JobPlan job;
+  std::string msg = "256K", size;
+  app.add_option("--ranks", job.ranks, "budget a job of N ranks on each device (QPs, CQs, PDs, MRs, frames per queue)");
+  app.add_option("--topology", job.topology, "--ranks: ring (two neighbours) or mesh (every other rank)")
+      ->check(CLI::IsMember({"ring", "mesh"}))
+      ->capture_default_str();
+  app.add_option("--cables", job.cables, "--ranks: cables per neighbour")->capture_default_str();
+  app.add_option("--message-bytes", msg, "--ranks: largest message (e.g. 256K)")->capture_default_str();
+  app.add_option("--window", job.window, "--ranks: messages in flight per direction")->capture_default_str();
+  app.add_option("--size", size, "--ranks: registered user buffers per rank (e.g. 64M; default staged)");
   CLI11_PARSE(app, argc, argv);
+  auto bytes = [](std::string s) -> std::size_t {
+    std::size_t mult = 1;
+    if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
+      mult = s.back() == 'K' ? 1024 : s.back() == 'M' ? 1024 * 1024 : std::size_t{1} << 30;
+      s.pop_back();
+    }
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return 0;
+    return static_cast<std::size_t>(std::stoull(s)) * mult;
+  };
+  job.message_bytes = bytes(msg);
+  job.buffer_bytes = size.empty() ? 0 : bytes(size);
+  if (job.message_bytes == 0 || (!size.empty() && job.buffer_bytes == 0) || job.cables < 1 || job.window < 1 ||
+      (job.ranks != 0 && (job.ranks < 2 || job.ranks > 64))) {
+    std::fprintf(stderr, "tbverbs-doctor: --ranks is 2..64; --message-bytes and --size take sizes like 256K, 64M\n");
+    return 2;
+  }
   // The doctor reports channel fallbacks as findings; the library's stderr notice would repeat them.
   set_notice_handler(nullptr);
 
@@ -179,9 +258,10 @@ int main(int argc, char** argv) {
       if (!device.empty()) {
         auto d = list->find(device);
         if (!d) report.problem("find " + device, d.error());
-        else check_device(report, *lib, *d, qp_need);
+        else check_device(report, *lib, *d, qp_need, job);
       } else {
-        for (const Device& d : *list) check_device(report, *lib, d, qp_need);
+        job.devices = list->size();
+        for (const Device& d : *list) check_device(report, *lib, d, qp_need, job);
       }
     }
   }

@@ -314,7 +314,8 @@ case "$CASE" in
                "explain: .*RTS sq_psn=0x[0-9a-f]+ \(this QP's initial PSN" \
                "explain: .*MR warm-up buffer" \
                "explain: rdma_en[12]: MR input buffer: [0-9]+ bytes in [0-9]+ region\(s\)" \
-               "explain: rdma_en[12]: budget 2 of 10 QPs, 2 of 11 CQs, 1 of 11 PDs, [0-9]+ of 100 MRs"; do
+               "explain: .*MR warm-up buffer for messages of up to 262144 bytes \\(as asked\\)" \
+               "explain: rdma_en[12]: budget 1 of 10 QPs, 1 of 11 CQs, 1 of 11 PDs, [0-9]+ of 100 MRs, [0-9]+ of 4095 frames per queue"; do
       expect "$pat"
     done
     expect "all_sum .*: verified$"
