@@ -89,6 +89,25 @@ case "$CASE" in
     expect "^device=rdma_en2$"
     echo "ok: table and profile"
     ;;
+  profile_into_ring)
+    # What the probe measured replaces the library's assumption: under macos=26.2 the probe
+    # writes max_message_bytes=4096, and a ring given that profile warms up with one-frame
+    # messages from its first round (without it, it asks for 256 KiB and steps down after two).
+    ring=$1
+    run --local --quick --quirk macos=26.2 --profile-out "$WORK/profile.txt"
+    [ $RC -eq 0 ] || fail "probe exited $RC"
+    echo "+ TBVERBS_PROFILE=$WORK/profile.txt $ring --local 2 --quirk macos=26.2 ..." >"$OUT"
+    TBVERBS_PROFILE="$WORK/profile.txt" "$ring" --local 2 --quirk macos=26.2 --size 1M --iters 1 --timeout 20000 >>"$OUT" 2>&1
+    [ $? -eq 0 ] || fail "the ring with the measured profile failed"
+    expect "verified \\(messages of up to 4096 bytes both ways, round 1\\)"
+    expect_not "stepping down|round [23]\\)"
+    expect "all_sum .*: verified$"
+    echo "TBVERBS_PROFILE=/nonexistent ..." >>"$OUT"
+    TBVERBS_PROFILE=/nonexistent/profile "$ring" --local 2 --size 1M --iters 1 --timeout 5000 >>"$OUT" 2>&1
+    [ $? -ne 0 ] || fail "a missing TBVERBS_PROFILE must fail the ring, not be ignored"
+    expect "cannot read the measured profile /nonexistent/profile"
+    echo "ok: the measured profile replaced the assumed largest message; a missing one is an error"
+    ;;
   usage)
     run --server --local
     [ $RC -eq 2 ] || fail "--server --local: expected exit 2, got $RC"
