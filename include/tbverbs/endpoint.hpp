@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <string>
 
@@ -114,8 +115,30 @@ struct Endpoint {
     for (std::size_t i = 0; i < 16; ++i) raw[i] = static_cast<std::uint8_t>(p[28 + i]);
     e.gid = Gid(raw);
     if (e.qp_num > 0xffffff || e.psn > 0xffffff) return bad("corrupt endpoint frame: QP number or PSN exceeds 24 bits");
+    // What no valid peer sends is refused, not carried into RTR (issue 9): QP number 0 (the
+    // special QP0), a zero GID, a set reserved byte, capability bits this version does not define,
+    // an unknown link layer, and UD (a UD QP needs address handles and a QKEY, not this exchange).
+    if (e.qp_num == 0) return bad("corrupt endpoint frame: QP number 0");
+    if (e.gid.is_zero()) return bad("corrupt endpoint frame: zero GID (the peer sent an unset entry)");
+    if (p[23] != std::byte{0}) return bad("corrupt endpoint frame: reserved byte 23 is set");
+    constexpr std::uint32_t known_caps =
+        static_cast<std::uint32_t>(EndpointCaps::rdma_write) | static_cast<std::uint32_t>(EndpointCaps::equal_frames);
+    if ((static_cast<std::uint32_t>(e.caps) & ~known_caps) != 0)
+      return bad("corrupt endpoint frame: unknown capability bits 0x" + [&] {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "%x", static_cast<unsigned>(static_cast<std::uint32_t>(e.caps) & ~known_caps));
+        return std::string(hex);
+      }());
+    switch (e.link_layer) {
+    case LinkLayer::unspecified:
+    case LinkLayer::infiniband:
+    case LinkLayer::ethernet:
+    case LinkLayer::thunderbolt: break;
+    default: return bad("corrupt endpoint frame: link layer " + std::to_string(static_cast<unsigned>(e.link_layer)));
+    }
     if (mtu < 1 || mtu > 5) return bad("corrupt endpoint frame: MTU code " + std::to_string(mtu));
-    if (type != 2 && type != 3 && type != 4) return bad("corrupt endpoint frame: QP type " + std::to_string(type));
+    if (type == 4) return bad("endpoint frame of a UD QP: tbverbs connects RC and UC queue pairs only");
+    if (type != 2 && type != 3) return bad("corrupt endpoint frame: QP type " + std::to_string(type));
     e.mtu = static_cast<Mtu>(mtu);
     e.qp_type = static_cast<QpType>(type);
     return e;

@@ -1,0 +1,56 @@
+// Parsers refuse what no valid input contains (issue 9, "parsers that accept what they should
+// refuse"): endpoint frames with a checksum that matches but fields no peer sends, and GID text
+// with an embedded NUL.
+#include <tbverbs/tbverbs.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <functional>
+#include <string>
+
+using tbverbs::Endpoint;
+using tbverbs::ErrorKind;
+
+namespace {
+Endpoint valid() {
+  Endpoint e;
+  e.qp_num = 0x123;
+  e.psn = 0x456;
+  e.qp_type = tbverbs::QpType::uc;
+  e.gid = tbverbs::Gid::from_ipv4(0x0a630001);
+  return e;
+}
+// The wire form of a valid endpoint with `change` applied and the checksum made right again, so
+// only the field check can refuse it.
+std::string refusal(const std::function<void(std::byte*)>& change) {
+  auto w = valid().serialize();
+  change(w.data());
+  tbverbs::detail::put_be<std::uint32_t>(w.data() + 44, tbverbs::detail::crc32({w.data(), 44}));
+  auto r = Endpoint::parse(w);
+  if (r) return "";
+  CHECK(r.error().kind == ErrorKind::bad_frame);
+  return std::string(r.error().detail.view());
+}
+} // namespace
+
+TEST_CASE("endpoint parse refuses QP number 0, a zero GID, a set reserved byte, unknown capability bits, an "
+          "unknown link layer and UD",
+          "[endpoint][strict]") {
+  REQUIRE(Endpoint::parse(valid().serialize()));
+  CHECK(refusal([](std::byte* p) { tbverbs::detail::put_be<std::uint32_t>(p + 8, 0); }).find("QP number 0") !=
+        std::string::npos);
+  CHECK(refusal([](std::byte* p) {
+          for (int i = 28; i < 44; ++i) p[i] = std::byte{0};
+        }).find("zero GID") != std::string::npos);
+  CHECK(refusal([](std::byte* p) { p[23] = std::byte{1}; }).find("reserved byte") != std::string::npos);
+  CHECK(refusal([](std::byte* p) { tbverbs::detail::put_be<std::uint32_t>(p + 24, 0x80); }).find("capability bits 0x80") !=
+        std::string::npos);
+  CHECK(refusal([](std::byte* p) { p[22] = std::byte{7}; }).find("link layer 7") != std::string::npos);
+  CHECK(refusal([](std::byte* p) { p[20] = std::byte{4}; }).find("UD") != std::string::npos);
+}
+
+TEST_CASE("GID text with an embedded NUL is refused (inet_pton would stop at it)", "[gid][strict]") {
+  using namespace std::string_view_literals;
+  CHECK(tbverbs::Gid::parse("fe80::1"sv));
+  CHECK_FALSE(tbverbs::Gid::parse("fe80::1\0junk"sv));
+}
