@@ -22,15 +22,34 @@
 #define TBVERBS_EXPECTED_IS_STD 0
 #endif
 
-// Two translation units built with different -std (and so different Result backends) must not
-// silently share one definition of a tbverbs type: the backend is part of the inline namespace,
-// so a mix fails to link instead of misbehaving.
-#if TBVERBS_EXPECTED_IS_STD
-/// The inline namespace of this build: version and Result backend.
-#define TBVERBS_ABI_NAMESPACE v0_1_std
+// Which verbs declarations the build uses: the platform's <infiniband/verbs.h> when it is there
+// (and TBVERBS_USE_OWN_ABI is not defined), else tbverbs' own (detail/abi_own.hpp). Decided here,
+// once, so that detail/abi.hpp and the inline namespace below cannot disagree.
+#if !defined(TBVERBS_USE_OWN_ABI) && __has_include(<infiniband/verbs.h>)
+/// 1 when the platform's verbs.h is used, 0 when tbverbs' own declarations are.
+#define TBVERBS_ABI_FROM_PLATFORM 1
 #else
-/// The inline namespace of this build: version and Result backend.
-#define TBVERBS_ABI_NAMESPACE v0_1_bundled
+/// 1 when the platform's verbs.h is used, 0 when tbverbs' own declarations are.
+#define TBVERBS_ABI_FROM_PLATFORM 0
+#endif
+
+// Two translation units built with different -std (and so different Result backends), or one
+// with the platform's verbs.h and one with tbverbs' own declarations (TBVERBS_USE_OWN_ABI, or a
+// machine without rdma-core's headers), must not silently share one definition of a tbverbs
+// type: the backend and the ABI source are part of the inline namespace, so a mix fails to link
+// instead of misbehaving.
+#if TBVERBS_EXPECTED_IS_STD && TBVERBS_ABI_FROM_PLATFORM
+/// The inline namespace of this build: version, Result backend and verbs declarations.
+#define TBVERBS_ABI_NAMESPACE v0_1_std_platform_abi
+#elif TBVERBS_EXPECTED_IS_STD
+/// The inline namespace of this build: version, Result backend and verbs declarations.
+#define TBVERBS_ABI_NAMESPACE v0_1_std_own_abi
+#elif TBVERBS_ABI_FROM_PLATFORM
+/// The inline namespace of this build: version, Result backend and verbs declarations.
+#define TBVERBS_ABI_NAMESPACE v0_1_bundled_platform_abi
+#else
+/// The inline namespace of this build: version, Result backend and verbs declarations.
+#define TBVERBS_ABI_NAMESPACE v0_1_bundled_own_abi
 #endif
 
 /// Opens tbverbs' versioned namespace.

@@ -28,6 +28,10 @@ TBVERBS_NAMESPACE_BEGIN
 
 /// An opened verbs device. Move-only, never null; closed on destruction after every object made
 /// from it (children keep it alive, so teardown order is always right).
+///
+/// Threads: the queries and factories (query_*, gid_table, alloc_pd, create_cq) may be called
+/// from several threads at once (rdma-core's verbs are thread-safe; the shared counters are
+/// atomic). close() and moves must not race with any other call.
 class Context {
 public:
   /// Opens the device called `name`; an empty name means the `TBVERBS_DEVICE` environment
@@ -50,6 +54,7 @@ public:
     const detail::VerbsApi& api = lib.api();
     auto info = std::make_shared<detail::ContextInfo>();
     info->api = &api;
+    info->ops = {api.modify_qp, api.query_qp, api.get_cq_event, api.ack_cq_events};
     info->device.assign(device.name());
     info->platform = device.platform();
     errno = 0;
@@ -128,6 +133,10 @@ public:
 
   /// Allocates a protection domain. When the driver refuses without saying why (Apple's does
   /// so on a port that is down), the port is queried so the error can say so.
+  ///
+  /// Errors: ibv_alloc_pd's errno at Step::alloc_pd: on Apple a NULL with no errno and a port
+  /// that is not active (the detail names its state; diagnosis "alloc-pd-port-down"); ENOMEM
+  /// when the device's PD budget or memory is exhausted.
   [[nodiscard]] Result<ProtectionDomain> alloc_pd() const {
     const detail::VerbsApi& api = *info_->api;
     errno = 0;
@@ -142,20 +151,46 @@ public:
     return ProtectionDomain(detail::Owned<abi::ibv_pd>(pd, api.dealloc_pd, ctx_.keep_alive()), info_);
   }
 
-  /// Creates a completion queue with room for at least `entries` completions (clamped to the
-  /// device's max_cqe, since a larger request is refused with EINVAL). Size it for every
-  /// outstanding signalled send plus every posted receive: an overrun loses completions.
+  /// Creates a completion queue with room for at least `options.entries` completions. Size it for
+  /// every outstanding signalled send plus every posted receive: an overrun loses completions.
   ///
-  /// `wait` says how CompletionQueue::wait waits. CqWait::automatic (the default) makes no
-  /// channel on Apple (TN3205: "the caller must poll"; no Apple consumer uses channels) and one
+  /// `options.wait` says how CompletionQueue::wait waits. CqWait::automatic (the default) makes
+  /// no channel on Apple (TN3205: "the caller must poll"; no Apple consumer uses channels) and one
   /// elsewhere. Where a channel is wanted, it is created and armed once here; if either fails
   /// (any errno, e.g. EOPNOTSUPP), or the library has no channel functions, or ibv_create_cq
   /// refuses the channel, the CQ is made without one and polls: the cause is kept as
   /// `channel_note()` and given once per process as Notice::completion_channel_fallback.
-  /// Errors: only ibv_create_cq's (errno, with the entries asked for); never a channel's.
-  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, CqWait wait = CqWait::automatic) const {
+  ///
+  /// The CQ also allocates, once, room for `capacity()` completions, so a poll that meets a failed
+  /// completion can keep the ones after it (CompletionQueue::poll loses nothing): 48 bytes per
+  /// entry.
+  ///
+  /// Errors (never a channel's):
+  /// - `capacity` at Step::create_cq when `entries` is above the device's max_cqe (it used to be
+  ///   clamped silently, and a CQ smaller than asked overruns), or not positive;
+  /// - `invalid_argument` when `comp_vector` is negative or not below the context's
+  ///   num_comp_vectors;
+  /// - ibv_create_cq's errno, with the entries asked for: ENOMEM (on rdma-core usually
+  ///   RLIMIT_MEMLOCK), EINVAL (cqe above max_cqe on a device that reports none).
+  [[nodiscard]] Result<CompletionQueue> create_cq(const CqOptions& options) const {
     const detail::VerbsApi& api = *info_->api;
-    if (auto dev = query_device(); dev && dev->max_cqe > 0 && entries > dev->max_cqe) entries = dev->max_cqe;
+    const int entries = options.entries;
+    if (entries <= 0) {
+      Error e = Error::make(Step::create_cq, ErrorKind::capacity, "a CQ needs at least one entry");
+      return fail(info_->stamp(e));
+    }
+    if (auto dev = query_device(); dev && dev->max_cqe > 0 && entries > dev->max_cqe) {
+      Error e = Error::make(Step::create_cq, ErrorKind::capacity);
+      e.detail.appendf("%d entries asked, the device's max_cqe is %d", entries, dev->max_cqe);
+      return fail(info_->stamp(e));
+    }
+    const int vectors = ctx_.get()->num_comp_vectors;
+    if (options.comp_vector < 0 || (options.comp_vector > 0 && options.comp_vector >= vectors)) {
+      Error e = Error::make(Step::create_cq, ErrorKind::invalid_argument);
+      e.detail.appendf("comp_vector %d, the context has %d", options.comp_vector, vectors);
+      return fail(info_->stamp(e));
+    }
+    const CqWait wait = options.wait;
     const bool want = wait == CqWait::channel || (wait == CqWait::automatic && info_->platform != Platform::apple);
     std::optional<Error> note;
     detail::Owned<abi::ibv_comp_channel> channel;
@@ -173,14 +208,14 @@ public:
       }
     }
     errno = 0;
-    abi::ibv_cq* cq = api.create_cq(ctx_.get(), entries, nullptr, channel.get(), 0);
+    abi::ibv_cq* cq = api.create_cq(ctx_.get(), entries, nullptr, channel.get(), options.comp_vector);
     if (cq == nullptr && channel.get() != nullptr) {
       // A provider that makes channels but will not attach one to a CQ: keep the CQ, lose the channel.
       Error e = Error::from_errno(Step::create_cq);
       note = info_->stamp(e).with_detail("with a completion channel; " + std::to_string(entries) + " entries");
       channel = {};
       errno = 0;
-      cq = api.create_cq(ctx_.get(), entries, nullptr, nullptr, 0);
+      cq = api.create_cq(ctx_.get(), entries, nullptr, nullptr, options.comp_vector);
     }
     if (cq == nullptr) {
       Error e = Error::from_errno(Step::create_cq);
@@ -188,8 +223,10 @@ public:
     }
     auto parent = channel.get() != nullptr ? channel.keep_alive() : ctx_.keep_alive();
     const bool has_channel = channel.get() != nullptr;
-    CompletionQueue result(std::move(channel), detail::Owned<abi::ibv_cq>(cq, api.destroy_cq, std::move(parent)),
-                           info_);
+    detail::Owned<abi::ibv_cq> owned(cq, api.destroy_cq, std::move(parent));
+    const int keep = (cq->cqe > entries ? cq->cqe : entries) + 1;
+    std::unique_ptr<abi::ibv_wc[]> kept(new abi::ibv_wc[static_cast<std::size_t>(keep)]);
+    CompletionQueue result(std::move(channel), std::move(owned), info_, std::move(kept), keep);
     if (note) {
       result.fall_back_to_polling(*note);
     } else if (has_channel) {
@@ -198,6 +235,11 @@ public:
       if (auto armed = result.arm(); !armed) result.fall_back_to_polling(armed.error());
     }
     return result;
+  }
+
+  /// create_cq with `entries` and `wait` (see create_cq(const CqOptions&) for the errors).
+  [[nodiscard]] Result<CompletionQueue> create_cq(int entries, CqWait wait = CqWait::automatic) const {
+    return create_cq(CqOptions{entries, wait, 0});
   }
 
   /// Creates a completion queue: `with_channel` true is CqWait::channel (a channel even on

@@ -18,50 +18,6 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// Work-completion status values (`enum ibv_wc_status` in rdma-core's `verbs.h`), so catalogue
-/// rows name statuses instead of numbers. Apple's header is assumed to use the same values
-/// (field-failures.md: unverified; no source lists which statuses Apple produces).
-namespace wc {
-inline constexpr int success = 0;            ///< IBV_WC_SUCCESS.
-inline constexpr int loc_len_err = 1;        ///< IBV_WC_LOC_LEN_ERR: message longer than the receive.
-inline constexpr int loc_qp_op_err = 2;      ///< IBV_WC_LOC_QP_OP_ERR: WR invalid for this QP.
-inline constexpr int loc_prot_err = 4;       ///< IBV_WC_LOC_PROT_ERR: lkey does not cover the buffer.
-inline constexpr int wr_flush_err = 5;       ///< IBV_WC_WR_FLUSH_ERR: QP in ERR flushed the WR.
-inline constexpr int loc_access_err = 8;     ///< IBV_WC_LOC_ACCESS_ERR: local access violation.
-inline constexpr int rem_access_err = 10;    ///< IBV_WC_REM_ACCESS_ERR: peer refused rkey/range.
-inline constexpr int rem_op_err = 11;        ///< IBV_WC_REM_OP_ERR: peer could not complete.
-inline constexpr int retry_exc_err = 12;     ///< IBV_WC_RETRY_EXC_ERR: transport retries exhausted.
-inline constexpr int rnr_retry_exc_err = 13; ///< IBV_WC_RNR_RETRY_EXC_ERR: peer had no receive.
-inline constexpr int fatal_err = 19;         ///< IBV_WC_FATAL_ERR.
-inline constexpr int general_err = 21;       ///< IBV_WC_GENERAL_ERR.
-} // namespace wc
-
-/// Facts a producer that knows more than the verb told it (the device list, tbverbs-doctor)
-/// writes into `Error::detail`, to select a more specific catalogue row
-/// (`DiagnosisRule::detail_contains`). Nothing else about `detail` is ever matched.
-namespace fact {
-/// `rdma_ctl status` printed "disabled" (macOS).
-inline constexpr std::string_view rdma_disabled = "rdma_ctl status: disabled";
-/// The Mac's Thunderbolt ports are not Thunderbolt 5 (`system_profiler` shows no 80 Gb/s port).
-inline constexpr std::string_view not_thunderbolt5 = "not Thunderbolt 5";
-/// A registration was longer than the device's max_mr_size (16,384,000 bytes on Thunderbolt):
-/// the registering code, which knows both numbers, writes "N bytes exceeds max_mr_size (M)".
-inline constexpr std::string_view exceeds_max_mr_size = "exceeds max_mr_size";
-/// A registration within max_mr_size was refused for its access flags (the registering code
-/// writes it when the length cannot be the cause).
-inline constexpr std::string_view access_refused = "access flags refused";
-/// The GID at the RTR source index is not the one advertised (a caller or provider that routes
-/// from a fixed index while the IPv4-mapped entry sits elsewhere, mlx PR #3389).
-inline constexpr std::string_view gid_index_mismatch = "GID not at the RTR source index";
-/// An InfiniBand end of the connection has LID 0: no subnet manager assigned one (QpRecipe's
-/// connect writes it when RTR fails on an InfiniBand port).
-inline constexpr std::string_view infiniband_lid_zero = "InfiniBand LID 0";
-/// The two ends selected GIDs of different RoCE versions (QpRecipe's connect names it).
-inline constexpr std::string_view roce_version_mismatch = "a RoCE v1 end and a RoCE v2 end";
-/// A port in PORT_INIT: the link trained but the port was never configured; on InfiniBand no
-/// subnet manager runs (Context::require_active_port writes the state this way).
-inline constexpr std::string_view port_init = "state PORT_INIT";
-} // namespace fact
 
 /// One row of the catalogue. Fields left at their wildcard match anything; the first row that
 /// matches an Error wins, so specific rows come before general ones (a unit test checks that no
@@ -481,6 +437,20 @@ inline constexpr Diagnosis post_einval{
     "Stay within the caps the QP was granted, post IBV_WR_SEND on Thunderbolt, and post only on a "
     "connected QueuePair."};
 
+inline constexpr Diagnosis closed_handle{
+    "handle-closed",
+    "The call was made on a CompletionQueue or QueuePair after close() or after it was moved from; "
+    "no verb was called (the handle points at an inert stand-in, never at freed memory).",
+    "Keep the handle alive and unmoved while it is used; after close() or a move, use the object it "
+    "was moved into."};
+
+inline constexpr Diagnosis inline_too_large{
+    "post-inline-too-large",
+    "A work request asked for IBV_SEND_INLINE with more bytes than the QP's granted "
+    "max_inline_data (0 unless the recipe asked for more; Apple's driver documents none).",
+    "Ask for max_inline_data in the recipe's capacities and check QueuePair::capacities(), or post "
+    "the payload from a registered buffer without the inline flag."};
+
 inline constexpr Diagnosis poll_failed{
     "poll-cq-failed",
     "ibv_poll_cq returned a negative value: the CQ overran (more completions than cqe) or the "
@@ -818,6 +788,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {                                 .step = Step::modify_qp_rts,  .sys_errno = EINVAL,   .diagnosis = detail::diag::rts_einval},
 
     // Rows 10, 24: posting.
+    {.sys_errno = EBADF, .detail_contains = fact::closed_handle, .diagnosis = detail::diag::closed_handle},
+    {.kind = ErrorKind::capacity, .detail_contains = fact::inline_too_large, .diagnosis = detail::diag::inline_too_large},
     {.platform = Platform::rdma_core, .step = Step::post_send, .sys_errno = ENOMEM, .diagnosis = detail::diag::post_enomem_linux},
     {.platform = Platform::rdma_core, .step = Step::post_recv, .sys_errno = ENOMEM, .diagnosis = detail::diag::post_enomem_linux},
     {                                 .step = Step::post_send, .sys_errno = EINVAL, .diagnosis = detail::diag::post_einval},
@@ -882,156 +854,19 @@ constexpr bool rule_matches(const DiagnosisRule& r, const Error& e) noexcept {
 }
 } // namespace detail
 
-inline const Diagnosis* find_diagnosis(const Error& e) noexcept {
+namespace detail {
+/// The first row of the catalogue that matches `e`, or nullptr.
+inline const Diagnosis* find_diagnosis_in_catalogue(const Error& e) noexcept {
   for (const auto& r : diagnosis_catalogue)
-    if (detail::rule_matches(r, e)) return &r.diagnosis;
+    if (rule_matches(r, e)) return &r.diagnosis;
   return nullptr;
 }
+} // namespace detail
 
-constexpr std::string_view wc_status_name(int status) noexcept {
-  // Values from rdma-core's enum ibv_wc_status; Apple's header is assumed to agree.
-  constexpr std::string_view names[] = {
-      "IBV_WC_SUCCESS",
-      "IBV_WC_LOC_LEN_ERR",
-      "IBV_WC_LOC_QP_OP_ERR",
-      "IBV_WC_LOC_EEC_OP_ERR",
-      "IBV_WC_LOC_PROT_ERR",
-      "IBV_WC_WR_FLUSH_ERR",
-      "IBV_WC_MW_BIND_ERR",
-      "IBV_WC_BAD_RESP_ERR",
-      "IBV_WC_LOC_ACCESS_ERR",
-      "IBV_WC_REM_INV_REQ_ERR",
-      "IBV_WC_REM_ACCESS_ERR",
-      "IBV_WC_REM_OP_ERR",
-      "IBV_WC_RETRY_EXC_ERR",
-      "IBV_WC_RNR_RETRY_EXC_ERR",
-      "IBV_WC_LOC_RDD_VIOL_ERR",
-      "IBV_WC_REM_INV_RD_REQ_ERR",
-      "IBV_WC_REM_ABORT_ERR",
-      "IBV_WC_INV_EECN_ERR",
-      "IBV_WC_INV_EEC_STATE_ERR",
-      "IBV_WC_FATAL_ERR",
-      "IBV_WC_RESP_TIMEOUT_ERR",
-      "IBV_WC_GENERAL_ERR",
-      "IBV_WC_TM_ERR",
-      "IBV_WC_TM_RNDV_INCOMPLETE",
-  };
-  if (status >= 0 && static_cast<std::size_t>(status) < std::size(names)) return names[status];
-  return "IBV_WC_UNKNOWN_STATUS";
-}
-
-constexpr std::string_view step_name(Step s) noexcept {
-  switch (s) {
-  case Step::any:
-    return "any step";
-  case Step::load_library:
-    return "load verbs library";
-  case Step::resolve_symbol:
-    return "resolve verbs symbol";
-  case Step::get_device_list:
-    return "ibv_get_device_list";
-  case Step::open_device:
-    return "ibv_open_device";
-  case Step::query_device:
-    return "ibv_query_device";
-  case Step::query_port:
-    return "ibv_query_port";
-  case Step::query_gid:
-    return "ibv_query_gid";
-  case Step::select_gid:
-    return "select GID";
-  case Step::revalidate_gid:
-    return "revalidate GID";
-  case Step::alloc_pd:
-    return "ibv_alloc_pd";
-  case Step::reg_mr:
-    return "ibv_reg_mr";
-  case Step::create_comp_channel:
-    return "ibv_create_comp_channel";
-  case Step::create_cq:
-    return "ibv_create_cq";
-  case Step::req_notify_cq:
-    return "ibv_req_notify_cq";
-  case Step::get_cq_event:
-    return "ibv_get_cq_event";
-  case Step::create_qp:
-    return "ibv_create_qp";
-  case Step::query_qp:
-    return "ibv_query_qp";
-  case Step::modify_qp_init:
-    return "ibv_modify_qp(INIT)";
-  case Step::modify_qp_rtr:
-    return "ibv_modify_qp(RTR)";
-  case Step::modify_qp_rts:
-    return "ibv_modify_qp(RTS)";
-  case Step::post_send:
-    return "ibv_post_send";
-  case Step::post_recv:
-    return "ibv_post_recv";
-  case Step::poll_cq:
-    return "ibv_poll_cq";
-  case Step::wait_cq:
-    return "wait for completions";
-  case Step::destroy:
-    return "teardown";
-  case Step::parse_endpoint:
-    return "parse peer endpoint";
-  case Step::check_endpoint:
-    return "check peer endpoint";
-  case Step::configure:
-    return "configuration";
-  case Step::side_channel:
-    return "side channel";
-  case Step::link_warmup:
-    return "link warm-up";
-  case Step::collective:
-    return "collective";
-  }
-  return "unknown step";
-}
-
-constexpr std::string_view kind_name(ErrorKind k) noexcept {
-  switch (k) {
-  case ErrorKind::verb_failed:
-    return "verb failed";
-  case ErrorKind::library_not_found:
-    return "verbs library not found";
-  case ErrorKind::symbol_missing:
-    return "required verbs symbol missing";
-  case ErrorKind::no_device:
-    return "no RDMA device";
-  case ErrorKind::device_not_found:
-    return "device not found";
-  case ErrorKind::port_not_active:
-    return "port not active";
-  case ErrorKind::no_ipv4_gid:
-    return "no IPv4-mapped GID";
-  case ErrorKind::gid_not_found:
-    return "no GID matches the address";
-  case ErrorKind::gid_index_invalid:
-    return "GID index not usable";
-  case ErrorKind::gid_stale:
-    return "GID entry changed since it was selected";
-  case ErrorKind::wc_error:
-    return "work completion error";
-  case ErrorKind::timeout:
-    return "deadline passed";
-  case ErrorKind::peer_lost:
-    return "peer lost";
-  case ErrorKind::bad_frame:
-    return "bad frame";
-  case ErrorKind::incompatible_peer:
-    return "incompatible peer";
-  case ErrorKind::invalid_argument:
-    return "invalid argument";
-  case ErrorKind::unsupported:
-    return "unsupported";
-  case ErrorKind::capacity:
-    return "capacity exceeded";
-  case ErrorKind::result_mismatch:
-    return "result mismatch";
-  }
-  return "unknown error";
-}
+namespace detail {
+/// Registers the catalogue as Error::diagnosis()'s lookup in every program that includes this
+/// header anywhere (see detail::diagnosis_lookup in error.hpp).
+inline const bool catalogue_registered = (diagnosis_lookup = &find_diagnosis_in_catalogue, true);
+} // namespace detail
 
 TBVERBS_NAMESPACE_END

@@ -5,9 +5,9 @@
 
 #include "config.hpp"
 #include "detail/errno_names.hpp"
+#include "error_names.hpp"
 #include "result.hpp"
 
-#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
@@ -20,72 +20,6 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// The step of the verbs flow (or the verb) that failed. The names follow the verbs they wrap.
-enum class Step : std::uint8_t {
-  any,                  ///< Wildcard in the diagnosis catalogue; never carried by an Error.
-  load_library,         ///< dlopen of the verbs library.
-  resolve_symbol,       ///< dlsym of a required verbs function.
-  get_device_list,      ///< ibv_get_device_list, and finding no device at all.
-  open_device,          ///< Finding a device by name and ibv_open_device.
-  query_device,         ///< ibv_query_device.
-  query_port,           ///< ibv_query_port.
-  query_gid,            ///< ibv_query_gid.
-  select_gid,           ///< Choosing a GID table entry.
-  revalidate_gid,       ///< Re-reading a selected GID entry before it is used.
-  alloc_pd,             ///< ibv_alloc_pd.
-  reg_mr,               ///< ibv_reg_mr, and allocating the buffer to register.
-  create_comp_channel,  ///< ibv_create_comp_channel.
-  create_cq,            ///< ibv_create_cq.
-  req_notify_cq,        ///< ibv_req_notify_cq.
-  get_cq_event,         ///< ibv_get_cq_event.
-  create_qp,            ///< ibv_create_qp.
-  query_qp,             ///< ibv_query_qp.
-  modify_qp_init,       ///< ibv_modify_qp RESET to INIT.
-  modify_qp_rtr,        ///< ibv_modify_qp INIT to RTR (ready to receive).
-  modify_qp_rts,        ///< ibv_modify_qp RTR to RTS (ready to send).
-  post_send,            ///< ibv_post_send.
-  post_recv,            ///< ibv_post_recv.
-  poll_cq,              ///< ibv_poll_cq, and a failed work completion.
-  wait_cq,              ///< Waiting for completions until a deadline.
-  destroy,              ///< A destroy/dealloc/dereg/close verb during teardown.
-  parse_endpoint,       ///< Decoding a peer's endpoint frame.
-  check_endpoint,       ///< Checking that a peer's endpoint fits the local recipe.
-  configure,            ///< Reading operator settings (environment variables, files, flags).
-  side_channel,         ///< The TCP side channel (rendezvous, all-gather, barrier).
-  link_warmup,          ///< Verifying a freshly connected link with a full-size warm-up.
-  collective,           ///< A collective operation built on the library.
-};
-
-/// What kind of condition an Error reports, beyond the raw error number.
-enum class ErrorKind : std::uint8_t {
-  verb_failed = 1,    ///< A verb returned an error; see `sys_errno`.
-  library_not_found,  ///< The verbs library could not be loaded.
-  symbol_missing,     ///< A required verbs function is missing from the library.
-  no_device,          ///< The library loaded but lists no device.
-  device_not_found,   ///< No device has the requested name.
-  port_not_active,    ///< The port is not PORT_ACTIVE.
-  no_ipv4_gid,        ///< No IPv4-mapped GID: only `fe80::` entries (the interface has no IPv4).
-  gid_not_found,      ///< No GID entry matches the requested IPv4 address.
-  gid_index_invalid,  ///< An operator-given GID index is out of range, empty or not usable.
-  gid_stale,          ///< A selected GID entry changed since the table was read.
-  wc_error,           ///< A work completion finished with an error status.
-  timeout,            ///< A deadline passed (the peer may still be alive).
-  peer_lost,          ///< The peer closed its side channel or died.
-  bad_frame,          ///< A peer's frame is truncated, foreign, corrupt or from a newer version.
-  incompatible_peer,  ///< A peer's endpoint does not fit the local recipe (QP type, MTU, ...).
-  invalid_argument,   ///< The caller passed an argument the library refuses.
-  unsupported,        ///< The provider lacks the feature (optional symbol or profile limit).
-  capacity,           ///< A driver or recipe capacity would be exceeded.
-  result_mismatch,    ///< A verified result differs from the expected value.
-};
-
-/// The verbs provider family an error came from: the catalogue's remedies differ between them.
-enum class Platform : std::uint8_t {
-  any,        ///< Unknown provider, or a catalogue row that applies everywhere.
-  apple,      ///< Apple's RDMA over Thunderbolt (librdma.dylib, devices rdma_enN, or its emulation).
-  rdma_core,  ///< rdma-core on Linux (libibverbs.so.1, a RoCE or InfiniBand NIC).
-};
-
 /// A cause and a remedy from the diagnosis catalogue (`diagnosis.hpp`).
 struct Diagnosis {
   std::string_view id;      ///< Stable short key, e.g. "rtr-no-ipv4-gid".
@@ -95,16 +29,39 @@ struct Diagnosis {
 
 namespace detail {
 /// A fixed-capacity, always NUL-terminated string: keeps Error trivially copyable and allocation-free.
+/// Text longer than N - 1 characters is cut and ends in "..." so a reader knows it was cut.
 template <std::size_t N> struct FixedString {
+  static_assert(N > 4, "room for the truncation mark");
   char data[N] = {};
   constexpr FixedString() = default;
   FixedString(std::string_view s) noexcept { assign(s); } // NOLINT: implicit from text is the point
   void assign(std::string_view s) noexcept {
-    const std::size_t n = std::min(s.size(), N - 1);
+    const bool cut = s.size() > N - 1;
+    const std::size_t n = cut ? N - 4 : s.size();
     // An empty view may have a null data(); memcpy with a null source is undefined even for
     // zero bytes (UBSan aborts on it), and Error::make passes an empty detail by default.
-    if (n != 0) std::memcpy(data, s.data(), n);
-    data[n] = '\0';
+    if (n != 0) std::memmove(data, s.data(), n); // memmove: `s` may be this string's own text
+    if (cut) std::memcpy(data + n, "...", 3);
+    data[cut ? N - 1 : n] = '\0';
+  }
+  /// Appends `s` (cut with the same mark when it does not fit).
+  void append(std::string_view s) noexcept {
+    const std::size_t have = std::strlen(data);
+    const bool cut = have + s.size() > N - 1;
+    if (have >= N - 4 && cut) {
+      std::memcpy(data + N - 4, "...", 4);
+      return;
+    }
+    const std::size_t n = cut ? N - 4 - have : s.size();
+    if (n != 0) std::memmove(data + have, s.data(), n);
+    if (cut) std::memcpy(data + have + n, "...", 3);
+    data[cut ? N - 1 : have + n] = '\0';
+  }
+  /// Appends printf-style text (cut with the mark when it does not fit). Allocates nothing.
+  template <class... A> void appendf(const char* fmt, A... args) noexcept {
+    char buf[N];
+    const int w = std::snprintf(buf, sizeof buf, fmt, args...);
+    if (w > 0) append(std::string_view(buf, static_cast<std::size_t>(w) < N ? static_cast<std::size_t>(w) : N - 1));
   }
   std::string_view view() const noexcept { return {data, std::strlen(data)}; }
   bool empty() const noexcept { return data[0] == '\0'; }
@@ -112,15 +69,18 @@ template <std::size_t N> struct FixedString {
 } // namespace detail
 
 struct Error;
-/// The catalogue entry that explains `e`, or nullptr. Defined in diagnosis.hpp.
-inline const Diagnosis* find_diagnosis(const Error& e) noexcept;
-/// The printable name of a work-completion status ("IBV_WC_RETRY_EXC_ERR"); defined in diagnosis.hpp.
-constexpr std::string_view wc_status_name(int status) noexcept;
-/// The printable name of a Step: the verb it wraps ("ibv_modify_qp(RTR)") or the step
-/// ("side channel"); defined in diagnosis.hpp.
-constexpr std::string_view step_name(Step s) noexcept;
-/// The printable name of an ErrorKind; defined in diagnosis.hpp.
-constexpr std::string_view kind_name(ErrorKind k) noexcept;
+namespace detail {
+/// The catalogue's lookup, set when diagnosis.hpp is part of the program (every translation unit
+/// that includes it registers it before main), so the lean data-path header needs no catalogue:
+/// a program that includes tbverbs.hpp, context.hpp or diagnosis.hpp anywhere gets remedies in
+/// every Error, wherever it was made.
+inline const Diagnosis* (*diagnosis_lookup)(const Error&) noexcept = nullptr;
+} // namespace detail
+/// The catalogue entry that explains `e`, or nullptr (also when diagnosis.hpp is not in the
+/// program).
+inline const Diagnosis* find_diagnosis(const Error& e) noexcept {
+  return detail::diagnosis_lookup != nullptr ? detail::diagnosis_lookup(e) : nullptr;
+}
 
 /// The error carried by every failed tbverbs::Result.
 ///
@@ -129,6 +89,9 @@ constexpr std::string_view kind_name(ErrorKind k) noexcept;
 /// the verb reported it, through the verb's own convention (see `from_errno`, `from_return`,
 /// `from_poll`); it is never a stale global errno.
 struct Error {
+  /// `qp_num` of an error that concerns no queue pair (QP numbers are 24-bit).
+  static constexpr std::uint32_t no_qp = 0xffffffffu;
+
   Step step = Step::any;                     ///< What failed.
   ErrorKind kind = ErrorKind::verb_failed;   ///< The condition, beyond the error number.
   Platform platform = Platform::any;         ///< Provider family (selects the remedies).
@@ -136,7 +99,10 @@ struct Error {
   int wc_status = -1;                        ///< Work-completion status, or -1 when there is none.
   int port = 0;                              ///< Port number, 0 when not known.
   int gid_index = -1;                        ///< GID table index involved, -1 when none.
-  std::uint64_t wr_id = 0;                   ///< wr_id of a failed work completion.
+  std::uint64_t wr_id = 0;                   ///< wr_id of a failed work completion, or of the first work request a failed post did not post.
+  std::uint32_t qp_num = no_qp;              ///< QP number a failed completion or post concerns; `no_qp` when none.
+  int posted = -1;                           ///< Work requests of a failed post's chain that were posted before it stopped; -1 when not a post.
+  int vendor_err = 0;                        ///< The provider's vendor_err of a failed work completion (0: none).
   detail::FixedString<64> device;            ///< Device name, empty when not known.
   detail::FixedString<256> detail;           ///< Extra facts: a symbol, a path, the devices found.
 
@@ -172,11 +138,8 @@ struct Error {
     e.kind = ErrorKind::wc_error;
     e.wc_status = status;
     e.wr_id = failed_wr_id;
-    if (vendor_err != 0) {
-      char buf[48];
-      std::snprintf(buf, sizeof buf, "vendor_err 0x%x", static_cast<unsigned>(vendor_err));
-      e.detail.assign(buf);
-    }
+    e.vendor_err = vendor_err;
+    if (vendor_err != 0) e.detail.appendf("vendor_err 0x%x", static_cast<unsigned>(vendor_err));
     return e;
   }
 
@@ -216,6 +179,9 @@ struct Error {
       m += wc_status_name(wc_status);
       m += " (" + std::to_string(wc_status) + ")";
       m += ", wr_id " + std::to_string(wr_id);
+    } else if (posted >= 0) {
+      m += " failed after posting " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
+           " of the chain; first not posted: wr_id " + std::to_string(wr_id);
     } else if (kind == ErrorKind::verb_failed) {
       m += " failed";
     } else {
@@ -230,11 +196,12 @@ struct Error {
     } else if (kind == ErrorKind::verb_failed) {
       m += " (the verb set no errno)";
     }
-    if (!device.empty() || port != 0 || gid_index >= 0) {
+    if (!device.empty() || port != 0 || gid_index >= 0 || qp_num != no_qp) {
       m += " [";
       bool first = true;
       auto sep = [&] { if (!first) m += ", "; first = false; };
       if (!device.empty()) { sep(); m += "device "; m += device.view(); }
+      if (qp_num != no_qp) { sep(); m += "QP " + std::to_string(qp_num); }
       if (port != 0) { sep(); m += "port " + std::to_string(port); }
       if (gid_index >= 0) { sep(); m += "GID index " + std::to_string(gid_index); }
       m += "]";
@@ -288,4 +255,3 @@ TBVERBS_NAMESPACE_END
 /// ErrorKind converts to std::error_code.
 template <> struct std::is_error_code_enum<tbverbs::ErrorKind> : std::true_type {};
 
-#include "diagnosis.hpp"

@@ -61,6 +61,10 @@ private:
 
 /// A registered memory region. Move-only; deregistered on destruction (or by close()). Keeps its
 /// protection domain alive. The memory itself is the caller's and must outlive the region.
+///
+/// Threads: the accessors and sge() only read and may be called from any number of threads at
+/// once; work requests on several QPs may use one region concurrently. close() and moves must
+/// not race with them.
 class MemoryRegion {
 public:
   /// Start address.
@@ -80,7 +84,7 @@ public:
   /// leaves the region (the NIC would fail the work request with a protection error).
   [[nodiscard]] Result<abi::ibv_sge> sge(std::size_t offset, std::size_t length) const noexcept {
     if (offset > size() || length > size() - offset || length > 0xffffffffu)
-      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range outside the registered memory region"));
     abi::ibv_sge s{};
     s.addr = reinterpret_cast<std::uintptr_t>(data()) + offset;

@@ -99,12 +99,12 @@ public:
   /// the plan's max_span (where it could straddle two regions). Allocates nothing.
   [[nodiscard]] Result<abi::ibv_sge> sge(std::size_t offset, std::size_t length) const noexcept {
     if (offset > size_ || length > size_ - offset)
-      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range outside the registered memory region set"));
     std::size_t k = plan_.count > 1 ? std::min(offset / plan_.stride, plan_.count - 1) : 0;
     const std::size_t start = k * plan_.stride;
     if (offset + length > start + regions_[k].size())
-      return fail(Error::make(Step::post_send, ErrorKind::invalid_argument,
+      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range longer than the region set's overlap (max_span)"));
     return regions_[k].sge(offset - start, length);
   }

@@ -7,6 +7,7 @@
 #include "detail/handle.hpp"
 #include "diagnosis.hpp"
 #include "error.hpp"
+#include "loader.hpp"
 #include "memory_region.hpp"
 #include "result.hpp"
 #include "types.hpp"
@@ -20,6 +21,10 @@ TBVERBS_NAMESPACE_BEGIN
 
 /// A protection domain. Move-only, never null; keeps its context alive and is kept alive by
 /// every memory region and queue pair made from it.
+///
+/// Threads: reg_mr and reg_mr_two_sided may be called from several threads at once (rdma-core's
+/// ibv_reg_mr is thread-safe; the region count and the remembered access set are atomic).
+/// close() and moves must not race with them.
 class ProtectionDomain {
 public:
   /// Registers `memory` with `access` (least privilege by default: local write, enough to

@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 
+#include <exception>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -23,8 +24,39 @@ struct Error;
 template <class T, class E> using expected = std::expected<T, E>;
 /// The error wrapper (here: std::unexpected).
 template <class E> using unexpected = std::unexpected<E>;
+/// What `value()` throws when an error is held (here: std::bad_expected_access).
+template <class E> using bad_expected_access = std::bad_expected_access<E>;
 
 #else
+
+/// What `value()` throws when an error is held (bundled std::bad_expected_access): the bundled
+/// Result behaves as std::expected does, so the same code means the same under every `-std`.
+template <class E> class bad_expected_access : public std::exception {
+public:
+  /// Keeps a copy of the error.
+  explicit bad_expected_access(E e) : error_(std::move(e)) {}
+  /// A fixed text (the error itself is in `error()`).
+  const char* what() const noexcept override { return "bad access to tbverbs::expected without a value"; }
+  /// The error that was held.
+  const E& error() const& noexcept { return error_; }
+  /// The error that was held.
+  E& error() & noexcept { return error_; }
+
+private:
+  E error_;
+};
+
+namespace detail {
+/// Throws bad_expected_access<E>(e), or aborts when exceptions are off (as libstdc++ does).
+template <class E> [[noreturn, gnu::cold]] void throw_bad_expected_access(const E& e) {
+#if defined(__cpp_exceptions)
+  throw bad_expected_access<E>(e);
+#else
+  (void)e;
+  std::terminate();
+#endif
+}
+} // namespace detail
 
 /// Holds an error value for constructing a failed `expected` (bundled std::unexpected).
 template <class E> class unexpected {
@@ -131,12 +163,21 @@ public:
   /// True when a value is held.
   constexpr explicit operator bool() const noexcept { return has_; }
 
-  /// The value; precondition: has_value().
-  constexpr T& value() & noexcept { return val_; }
-  /// The value; precondition: has_value().
-  constexpr const T& value() const& noexcept { return val_; }
-  /// The value; precondition: has_value().
-  constexpr T&& value() && noexcept { return std::move(val_); }
+  /// The value; throws bad_expected_access<E> when an error is held (as std::expected does).
+  constexpr T& value() & {
+    if (!has_) detail::throw_bad_expected_access(err_);
+    return val_;
+  }
+  /// The value; throws bad_expected_access<E> when an error is held (as std::expected does).
+  constexpr const T& value() const& {
+    if (!has_) detail::throw_bad_expected_access(err_);
+    return val_;
+  }
+  /// The value; throws bad_expected_access<E> when an error is held (as std::expected does).
+  constexpr T&& value() && {
+    if (!has_) detail::throw_bad_expected_access(err_);
+    return std::move(val_);
+  }
   /// The value; precondition: has_value().
   constexpr T& operator*() & noexcept { return val_; }
   /// The value; precondition: has_value().
@@ -289,8 +330,11 @@ public:
   constexpr bool has_value() const noexcept { return has_; }
   /// True on success.
   constexpr explicit operator bool() const noexcept { return has_; }
-  /// Does nothing (there is no value); precondition: has_value().
-  constexpr void value() const noexcept {}
+  /// Does nothing on success; throws bad_expected_access<E> when an error is held (as
+  /// std::expected<void, E> does).
+  constexpr void value() const {
+    if (!has_) detail::throw_bad_expected_access(err_);
+  }
   /// Does nothing (there is no value); precondition: has_value().
   constexpr void operator*() const noexcept {}
 

@@ -6,6 +6,7 @@
 #include "completion_queue.hpp"
 #include "config.hpp"
 #include "context.hpp"
+#include "data_path.hpp"
 #include "device.hpp"
 #include "diagnosis.hpp"
 #include "endpoint.hpp"
@@ -20,3 +21,4 @@
 #include "recipe.hpp"
 #include "result.hpp"
 #include "types.hpp"
+#include "work_request.hpp"

@@ -4,7 +4,8 @@
 // exactly the same checks. The includer defines RESULT_CHECK(cond) first.
 //
 // Only the API common to std::expected (C++23, P2505) and the bundled equivalent is used: no
-// CTAD through the `unexpected` alias, no throwing value() on an error.
+// CTAD through the `unexpected` alias. value() on an error throws tbverbs::bad_expected_access<Error>
+// on every backend (issue 8 finding 11: it used to read an inactive member in the bundled one).
 #pragma once
 
 #ifndef RESULT_CHECK
@@ -12,6 +13,8 @@
 #endif
 
 #include <tbverbs/error.hpp>
+
+#include <exception>
 
 #include <cerrno>
 #include <memory>
@@ -38,6 +41,36 @@ inline Result<int> parse_positive(int v) {
 inline Result<void> succeed_if(bool ok) {
   if (!ok) return tbverbs::fail(sample_error(EINVAL));
   return {};
+}
+
+/// value() on an error throws bad_expected_access on both backends, as std::expected does
+/// (finding 11: the bundled one read the inactive value member, so the same code changed meaning
+/// with -std).
+inline void check_value_on_error_throws() {
+  Result<int> bad = tbverbs::fail(sample_error(EBUSY));
+  bool threw = false;
+  try {
+    (void)bad.value();
+  } catch (const tbverbs::bad_expected_access<Error>& e) {
+    threw = e.error().is(EBUSY);
+  }
+  RESULT_CHECK(threw);
+  Result<void> vbad = tbverbs::fail(sample_error(EINVAL));
+  threw = false;
+  try {
+    vbad.value();
+  } catch (const tbverbs::bad_expected_access<Error>& e) {
+    threw = e.error().is(EINVAL);
+  }
+  RESULT_CHECK(threw);
+  const Result<int> cbad = tbverbs::fail(sample_error(ENOMEM));
+  threw = false;
+  try {
+    (void)cbad.value();
+  } catch (const std::exception&) {
+    threw = true;
+  }
+  RESULT_CHECK(threw);
 }
 
 /// The backend the feature-test macro implies, and the inline namespace that encodes it.
@@ -319,6 +352,7 @@ inline void run_all() {
   check_unexpected();
   check_move_only();
   check_non_trivial();
+  check_value_on_error_throws();
 }
 
 } // namespace result_checks

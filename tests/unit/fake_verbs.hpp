@@ -31,9 +31,15 @@ struct FakeVerbs {
   int alloc_pd_errno = 0;                    // alloc_pd returns NULL with this errno
   int reg_mr_errno = 0;
   int create_qp_errno = 0;
-  int modify_qp_rc[6] = {};                  // per target state: returned by modify_qp
+  int modify_qp_rc[8] = {};                  // per target state: returned by modify_qp
   int post_send_rc = 0;
   int post_recv_rc = 0;
+  int post_fail_at = 0;                      // with post_*_rc: the 0-based WR of a chain the driver refuses (bad_wr)
+  std::vector<abi::ibv_send_wr> posted_sends; // every send WR handed to post_send (next cleared)
+  std::vector<std::vector<abi::ibv_sge>> posted_sges; // their SGEs
+  std::vector<std::uint64_t> posted_recvs;   // wr_ids of posted receives
+  int qp_state = 0;                          // what modify_qp set last (query_qp reports it)
+  bool query_qp_works = false;               // query_qp answers (else EOPNOTSUPP, the old behaviour)
   int poll_rc = 0;                           // negative: poll_cq returns it
   std::deque<abi::ibv_wc> completions;       // what poll_cq hands out
   unsigned granted_send_wr = 0;              // 0: grant what was asked
@@ -199,8 +205,33 @@ inline int f_get_cq_event(abi::ibv_comp_channel*, abi::ibv_cq**, void**) {
   return -1;
 }
 inline void f_ack_cq_events(abi::ibv_cq*, unsigned int) {}
-inline int f_post_send(abi::ibv_qp*, abi::ibv_send_wr*, abi::ibv_send_wr**) { return current->post_send_rc; }
-inline int f_post_recv(abi::ibv_qp*, abi::ibv_recv_wr*, abi::ibv_recv_wr**) { return current->post_recv_rc; }
+inline int f_post_send(abi::ibv_qp*, abi::ibv_send_wr* wr, abi::ibv_send_wr** bad) {
+  auto& f = *current;
+  int i = 0;
+  for (; wr != nullptr; wr = wr->next, ++i) {
+    if (f.post_send_rc != 0 && i >= f.post_fail_at) {
+      *bad = wr;
+      return f.post_send_rc;
+    }
+    abi::ibv_send_wr copy = *wr;
+    copy.next = nullptr;
+    f.posted_sends.push_back(copy);
+    f.posted_sges.emplace_back(wr->sg_list, wr->sg_list + wr->num_sge);
+  }
+  return 0;
+}
+inline int f_post_recv(abi::ibv_qp*, abi::ibv_recv_wr* wr, abi::ibv_recv_wr** bad) {
+  auto& f = *current;
+  int i = 0;
+  for (; wr != nullptr; wr = wr->next, ++i) {
+    if (f.post_recv_rc != 0 && i >= f.post_fail_at) {
+      *bad = wr;
+      return f.post_recv_rc;
+    }
+    f.posted_recvs.push_back(wr->wr_id);
+  }
+  return 0;
+}
 inline abi::ibv_cq* f_create_cq(abi::ibv_context* c, int cqe, void*, abi::ibv_comp_channel* ch, int) {
   auto& f = *current;
   if (ch != nullptr && f.create_cq_channel_errno) {
@@ -242,10 +273,16 @@ inline int f_modify_qp(abi::ibv_qp*, abi::ibv_qp_attr* a, int mask) {
   auto& f = *current;
   f.modify_attrs.push_back(*a);
   f.modify_masks.push_back(mask);
-  return f.modify_qp_rc[a->qp_state];
+  const int rc = f.modify_qp_rc[a->qp_state];
+  if (rc == 0) f.qp_state = a->qp_state;
+  return rc;
 }
-inline int f_query_qp(abi::ibv_qp*, abi::ibv_qp_attr*, int, abi::ibv_qp_init_attr*) {
-  return EOPNOTSUPP; // exercise the fallback to create_qp's written-back caps
+inline int f_query_qp(abi::ibv_qp*, abi::ibv_qp_attr* a, int mask, abi::ibv_qp_init_attr*) {
+  auto& f = *current;
+  if (!f.query_qp_works || (mask & abi::IBV_QP_CAP) != 0)
+    return EOPNOTSUPP; // exercise the fallback to create_qp's written-back caps
+  a->qp_state = static_cast<abi::ibv_qp_state>(f.qp_state);
+  return 0;
 }
 
 inline FakeVerbs::FakeVerbs() {

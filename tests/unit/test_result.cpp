@@ -51,6 +51,10 @@ TEST_CASE("Result of a non-trivial T (std::string) constructs and destroys in ba
   STATIC_CHECK(std::is_copy_constructible_v<tbverbs::Result<std::string>>);
 }
 
+TEST_CASE("finding 11: Result value() on an error throws bad_expected_access on every backend", "[result][issue8]") {
+  result_checks::check_value_on_error_throws();
+}
+
 TEST_CASE("Result is [[nodiscard]] and cheap to return", "[result]") {
   // Error is a trivially copyable value, so a failed Result is a few stores, never an allocation.
   STATIC_CHECK(std::is_trivially_copyable_v<tbverbs::Error>);

@@ -7,10 +7,10 @@
 
 #include "../config.hpp"
 
-#if !defined(TBVERBS_USE_OWN_ABI) && __has_include(<infiniband/verbs.h>)
+#if TBVERBS_ABI_FROM_PLATFORM // decided in config.hpp, which also names the inline namespace after it
 #include <infiniband/verbs.h>
-/// 1 when the platform's verbs.h is used, 0 when tbverbs' own declarations are.
-#define TBVERBS_ABI_FROM_PLATFORM 1
+/// Internal: abi.hpp re-exports the platform's names (abi_own.hpp refuses to be included then).
+#define TBVERBS_DETAIL_ABI_REEXPORTS_PLATFORM 1
 
 TBVERBS_NAMESPACE_BEGIN
 namespace detail::abi {
@@ -65,7 +65,6 @@ using enum ::ibv_wr_opcode;
 TBVERBS_NAMESPACE_END
 
 #else
-#define TBVERBS_ABI_FROM_PLATFORM 0
 #include "abi_own.hpp"
 #endif
 

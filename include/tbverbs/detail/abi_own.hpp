@@ -27,7 +27,7 @@
 
 // abi.hpp re-exports the platform's names into the same namespace when it uses verbs.h, so the
 // two cannot meet in one translation unit (tests/abi compares them without abi.hpp).
-#if defined(TBVERBS_ABI_FROM_PLATFORM) && TBVERBS_ABI_FROM_PLATFORM
+#if defined(TBVERBS_DETAIL_ABI_REEXPORTS_PLATFORM)
 #error "abi.hpp chose the platform's verbs.h: include tbverbs/detail/abi.hpp, not abi_own.hpp"
 #endif
 

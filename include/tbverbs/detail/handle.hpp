@@ -5,8 +5,8 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
-#include "../loader.hpp"
 #include "../result.hpp"
+#include "abi.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -15,10 +15,23 @@
 TBVERBS_NAMESPACE_BEGIN
 namespace detail {
 
+struct VerbsApi; // loader.hpp; the data-path headers need only the few functions in ControlOps
+
+/// The control verbs the data-path handles (CompletionQueue, QueuePair) call, copied from the
+/// library's table when the context is opened, so that completion_queue.hpp and queue_pair.hpp
+/// need not include the loader (dlopen, the table registry): a lean data-path header.
+struct ControlOps {
+  int (*modify_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask) = nullptr;
+  int (*query_qp)(abi::ibv_qp* qp, abi::ibv_qp_attr* attr, int attr_mask, abi::ibv_qp_init_attr* init_attr) = nullptr;
+  int (*get_cq_event)(abi::ibv_comp_channel* channel, abi::ibv_cq** cq, void** cq_context) = nullptr;
+  void (*ack_cq_events)(abi::ibv_cq* cq, unsigned int nevents) = nullptr;
+};
+
 /// What every handle made from one context needs to know: the function table, the provider
 /// family and the device name (for errors), and resource counts (for the driver's caps).
 struct ContextInfo {
   const VerbsApi* api = nullptr;
+  ControlOps ops;
   Platform platform = Platform::any;
   FixedString<64> device;
   std::atomic<int> memory_regions{0};
@@ -31,6 +44,99 @@ struct ContextInfo {
   Error& stamp(Error& e, int port = 0, int gid_index = -1) const noexcept {
     return e.on(device.view(), port, gid_index).from(platform);
   }
+};
+
+/// Inert stand-ins for a closed or moved-from CompletionQueue/QueuePair: their context's ops table
+/// refuses every data-path call with EBADF (poll_cq: -EBADF) and touches nothing, so poll/post on a
+/// closed handle is an error value, never a null or dangling dereference, and costs the hot path
+/// nothing (the cached pointer always points at something valid).
+struct ClosedObjects {
+  abi::ibv_context ctx{};
+  abi::ibv_cq cq{};
+  abi::ibv_qp qp{};
+  ClosedObjects() noexcept {
+    ctx.ops.poll_cq = [](abi::ibv_cq*, int, abi::ibv_wc*) -> int { return -EBADF; };
+    ctx.ops.req_notify_cq = [](abi::ibv_cq*, int) -> int { return EBADF; };
+    ctx.ops.post_send = [](abi::ibv_qp*, abi::ibv_send_wr* wr, abi::ibv_send_wr** bad) -> int {
+      *bad = wr;
+      return EBADF;
+    };
+    ctx.ops.post_recv = [](abi::ibv_qp*, abi::ibv_recv_wr* wr, abi::ibv_recv_wr** bad) -> int {
+      *bad = wr;
+      return EBADF;
+    };
+    cq.context = &ctx;
+    qp.context = &ctx;
+    qp.send_cq = &cq;
+    qp.recv_cq = &cq;
+  }
+};
+/// The process's one set of stand-ins (never destroyed, so a handle may be closed at exit).
+inline ClosedObjects& closed_objects() noexcept {
+  static ClosedObjects* c = new ClosedObjects; // NOLINT: leaked on purpose, like the loaded tables
+  return *c;
+}
+/// The stand-in of type T.
+template <class T> T* closed_object() noexcept;
+template <> inline abi::ibv_cq* closed_object<abi::ibv_cq>() noexcept { return &closed_objects().cq; }
+template <> inline abi::ibv_qp* closed_object<abi::ibv_qp>() noexcept { return &closed_objects().qp; }
+/// True when `p` is one of the stand-ins.
+template <class T> bool is_closed_object(const T* p) noexcept { return p == closed_object<T>(); }
+
+/// The raw pointer a data-path handle caches (so the hot path reads no shared_ptr): never null,
+/// the stand-in after a move or reset(), so moved-from and closed handles stay safe with the rule
+/// of zero (the defaulted moves of the handle do the right thing).
+template <class T> class HotPtr {
+public:
+  HotPtr() noexcept : p_(closed_object<T>()) {}
+  explicit HotPtr(T* p) noexcept : p_(p != nullptr ? p : closed_object<T>()) {}
+  HotPtr(const HotPtr&) = delete;
+  HotPtr& operator=(const HotPtr&) = delete;
+  HotPtr(HotPtr&& o) noexcept : p_(o.p_) { o.p_ = closed_object<T>(); }
+  HotPtr& operator=(HotPtr&& o) noexcept {
+    if (this != &o) {
+      p_ = o.p_;
+      o.p_ = closed_object<T>();
+    }
+    return *this;
+  }
+  ~HotPtr() = default;
+  T* operator->() const noexcept { return p_; }
+  T* get() const noexcept { return p_; }
+  /// Points at the stand-in again (after close()).
+  void reset() noexcept { p_ = closed_object<T>(); }
+  /// True while it points at a live object.
+  bool live() const noexcept { return !is_closed_object(p_); }
+
+private:
+  T* p_;
+};
+
+/// A plain pointer member that becomes null when its owner is moved from.
+template <class T> class NullOnMove {
+public:
+  NullOnMove() = default;
+  NullOnMove(T* p) noexcept : p_(p) {} // NOLINT: a pointer member
+  NullOnMove(const NullOnMove&) = delete;
+  NullOnMove& operator=(const NullOnMove&) = delete;
+  NullOnMove(NullOnMove&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  NullOnMove& operator=(NullOnMove&& o) noexcept {
+    if (this != &o) {
+      p_ = o.p_;
+      o.p_ = nullptr;
+    }
+    return *this;
+  }
+  NullOnMove& operator=(T* p) noexcept {
+    p_ = p;
+    return *this;
+  }
+  ~NullOnMove() = default;
+  operator T*() const noexcept { return p_; } // NOLINT: reads like the pointer it is
+  T* operator->() const noexcept { return p_; }
+
+private:
+  T* p_ = nullptr;
 };
 
 /// A parent reference that also counts one live child in `info`: the count drops when the child's
