@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 TBVERBS_NAMESPACE_BEGIN
 
@@ -83,6 +84,8 @@ struct VerbsApi {
 
   /// Where the table came from (a path, or a name for fake tables).
   std::string origin;
+  /// The dlopen handle it was resolved from (never closed); null for tables made by hand.
+  void* handle = nullptr;
   /// Provider family guessed from the library (refined per device by its name).
   Platform platform = Platform::any;
 };
@@ -242,6 +245,28 @@ public:
   /// True when the library exports `ibv_get_device_guid` (optional; Device::guid() is empty
   /// without it).
   bool has_device_guid() const noexcept { return api_->get_device_guid != nullptr; }
+  /// Looks up any other verbs function by name, for what tbverbs does not wrap (SRQs,
+  /// `ibv_reg_dmabuf_mr`/`ibv_reg_mr_iova2` for GPU memory, address handles, async events):
+  /// `lib.symbol<int(ibv_srq*)>("ibv_destroy_srq")`. `F` is the function type (or a pointer to
+  /// it); `version` is the rdma-core symbol version to ask for first (glibc only; then the default
+  /// version). The library is never unloaded, so the pointer stays valid for the process.
+  /// Errors: `symbol_missing` at Step::resolve_symbol naming the symbol; `unsupported` for a table
+  /// that was not loaded from a library (Library::from_table).
+  template <class F>
+  [[nodiscard]] Result<std::conditional_t<std::is_pointer_v<F>, F, F*>> symbol(const char* name,
+                                                                               const char* version = "IBVERBS_1.1") const {
+    using P = std::conditional_t<std::is_pointer_v<F>, F, F*>;
+    if (api_->handle == nullptr)
+      return fail(Error::make(Step::resolve_symbol, ErrorKind::unsupported,
+                              std::string("no library handle behind ") + api_->origin + " to look up " + name)
+                      .from(api_->platform));
+    void* p = detail::lookup(api_->handle, name, version);
+    if (p == nullptr)
+      return fail(Error::make(Step::resolve_symbol, ErrorKind::symbol_missing,
+                              std::string(name) + " not found in " + api_->origin)
+                      .from(api_->platform));
+    return reinterpret_cast<P>(p);
+  }
   /// True when the library can say a GID entry's type itself (`_ibv_query_gid_table`,
   /// `_ibv_query_gid_ex` or `ibv_query_gid_type`, all optional); without them the GID table
   /// falls back to sysfs `gid_attrs/types/N` on Linux.
@@ -267,6 +292,7 @@ private:
       return fail(e.from(detail::platform_of_path(path)));
     }
     detail::VerbsApi api;
+    api.handle = handle;
     api.origin = path;
     api.platform = detail::platform_of_path(path);
     if (auto r = detail::resolve_all(handle, api); !r) return fail(r.error());

@@ -46,6 +46,24 @@ constexpr const char* qp_state_name(QpState s) noexcept {
   return "IBV_QPS_UNKNOWN";
 }
 
+/// The transport settings of a queue pair's INIT/RTR/RTS transitions that a fabric may need
+/// changed (QpRecipe::transport). The defaults are what the presets always used: a lossless RoCE
+/// fabric wants `traffic_class` and `service_level` (NCCL_IB_TC / NCCL_IB_SL), an InfiniBand
+/// partition `pkey_index`, a long-haul or busy fabric `timeout` and the retry counts. The RC-only
+/// fields are ignored for UC.
+struct QpTransport {
+  std::uint8_t traffic_class = 0;      ///< GRH traffic class (DSCP << 2 | ECN) at RTR; RoCE v2 maps it to the IP TOS byte.
+  std::uint8_t service_level = 0;      ///< Service level at RTR (ah_attr.sl): the InfiniBand SL, or the RoCE priority (PCP).
+  std::uint32_t flow_label = 0;        ///< GRH flow label (20 bits) at RTR.
+  std::uint16_t pkey_index = 0;        ///< P_Key table index at INIT.
+  std::uint8_t timeout = 14;           ///< RC: local ACK timeout at RTS, 4.096 us * 2^timeout (14: ~67 ms; 0: infinite).
+  std::uint8_t retry_cnt = 7;          ///< RC: transport retries at RTS (at most 7).
+  std::uint8_t rnr_retry = 7;          ///< RC: receiver-not-ready retries at RTS (7: without limit).
+  std::uint8_t min_rnr_timer = 12;     ///< RC: the RNR NAK delay this side asks for at RTR (12: 0.64 ms).
+  std::uint8_t max_rd_atomic = 1;      ///< RC: RDMA READs and atomics this side keeps in flight (RTS).
+  std::uint8_t max_dest_rd_atomic = 1; ///< RC: RDMA READs and atomics the peer may have in flight here (RTR).
+};
+
 /// The operations a connected QP may post: those its transport offers (RC: all; UC: SEND and
 /// RDMA WRITE, with or without immediate; UD: SEND), less what the provider profile does not
 /// execute (Apple's driver: IBV_WR_SEND only, TN3205 "2-sided operations only"; RDMA WRITE is

@@ -35,6 +35,11 @@ struct QpTransition {
   int mask = 0;            ///< The `ibv_qp_attr_mask` bits that are set.
 };
 
+/// Edits a transition just before its `ibv_modify_qp` (QpRecipe::on_transition): `step` is
+/// Step::modify_qp_init, _rtr or _rts; `user` is the pointer given with the hook. Set attributes
+/// and their mask bits the recipe has no setter for (rate limits, alternate paths, ECE).
+using QpTransitionHook = void (*)(Step step, QpTransition& transition, void* user);
+
 namespace detail {
 /// A 24-bit PSN that differs per process and per call: a random per-process seed, the pid,
 /// and a counter stepped by 0x1000 + 1 (so re-created QPs never reuse a recent PSN).
@@ -110,6 +115,17 @@ public:
   QpRecipe& fixed_psn(std::uint32_t psn) noexcept { psn_ = psn & 0xffffffu; return *this; }
   /// Sets the GRH hop limit.
   QpRecipe& hop_limit(std::uint8_t h) noexcept { hop_limit_ = h; return *this; }
+  /// Sets the transport settings: traffic class, service level, flow label, pkey index, and for
+  /// RC the timeout, retry counts, RNR timer and read/atomic depths (QpTransport's defaults are
+  /// the presets' values).
+  QpRecipe& transport(const QpTransport& t) noexcept { transport_ = t; return *this; }
+  /// Calls `hook(step, transition, user)` on each transition just before its ibv_modify_qp, in
+  /// prepare() (INIT), connect() (RTR, RTS) and QueuePair::reset() (INIT). Null removes it.
+  QpRecipe& on_transition(QpTransitionHook hook, void* user = nullptr) noexcept {
+    hook_ = hook;
+    hook_user_ = user;
+    return *this;
+  }
   /// Allows or forbids rdma_write on the connected QP.
   QpRecipe& allow_rdma_write(bool on) noexcept {
     allow_rdma_write_ = on;
@@ -121,6 +137,15 @@ public:
 
   /// The GID selection the recipe is built around.
   const GidSelection& gid() const noexcept { return gid_; }
+  /// The transport settings.
+  const QpTransport& transport() const noexcept { return transport_; }
+  /// The transition as it will be given to ibv_modify_qp: `t` after the on_transition hook.
+  QpTransition edited(Step step, QpTransition t) const noexcept {
+    if (hook_ != nullptr) hook_(step, t, hook_user_);
+    return t;
+  }
+  /// The initial PSN of a QP made (or reset) from this recipe: the fixed one, else a fresh one.
+  std::uint32_t initial_psn() const noexcept { return psn_ ? *psn_ : detail::fresh_psn(); }
   /// The transport type.
   QpType type() const noexcept { return type_; }
   /// The path MTU asked for.
@@ -161,7 +186,7 @@ public:
   QpTransition init_transition() const noexcept {
     QpTransition t;
     t.attr.qp_state = abi::IBV_QPS_INIT;
-    t.attr.pkey_index = 0;
+    t.attr.pkey_index = transport_.pkey_index;
     t.attr.port_num = gid_.port();
     t.attr.qp_access_flags = static_cast<unsigned>(access_) &
                              ~static_cast<unsigned>(Access::local_write); // QP rights are remote ones
@@ -182,17 +207,21 @@ public:
     if (uses_grh(remote)) {
       t.attr.ah_attr.is_global = 1;
       std::copy(remote.gid.raw().begin(), remote.gid.raw().end(), t.attr.ah_attr.grh.dgid.raw);
+      // ibv_global_route's sgid_index is 8 bits: prepare() refuses a selection above 255, so
+      // this never truncates (index 300 became 44, routing from another entry than advertised).
       t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
       t.attr.ah_attr.grh.hop_limit = hop_limit_;
+      t.attr.ah_attr.grh.traffic_class = transport_.traffic_class;
+      t.attr.ah_attr.grh.flow_label = transport_.flow_label & 0xfffffu;
     }
     t.attr.ah_attr.dlid = remote.lid;
-    t.attr.ah_attr.sl = 0;
+    t.attr.ah_attr.sl = transport_.service_level;
     t.attr.ah_attr.src_path_bits = 0;
     t.attr.ah_attr.port_num = gid_.port();
     t.mask = abi::IBV_QP_STATE | abi::IBV_QP_AV | abi::IBV_QP_PATH_MTU | abi::IBV_QP_DEST_QPN | abi::IBV_QP_RQ_PSN;
     if (type_ == QpType::rc) {
-      t.attr.max_dest_rd_atomic = 1;
-      t.attr.min_rnr_timer = 12;
+      t.attr.max_dest_rd_atomic = transport_.max_dest_rd_atomic;
+      t.attr.min_rnr_timer = transport_.min_rnr_timer;
       t.mask |= abi::IBV_QP_MAX_DEST_RD_ATOMIC | abi::IBV_QP_MIN_RNR_TIMER;
     }
     return t;
@@ -204,10 +233,10 @@ public:
     t.attr.sq_psn = local_psn & 0xffffffu;
     t.mask = abi::IBV_QP_STATE | abi::IBV_QP_SQ_PSN;
     if (type_ == QpType::rc) {
-      t.attr.timeout = 14;
-      t.attr.retry_cnt = 7;
-      t.attr.rnr_retry = 7;
-      t.attr.max_rd_atomic = 1;
+      t.attr.timeout = transport_.timeout;
+      t.attr.retry_cnt = transport_.retry_cnt;
+      t.attr.rnr_retry = transport_.rnr_retry;
+      t.attr.max_rd_atomic = transport_.max_rd_atomic;
       t.mask |= abi::IBV_QP_TIMEOUT | abi::IBV_QP_RETRY_CNT | abi::IBV_QP_RNR_RETRY | abi::IBV_QP_MAX_QP_RD_ATOMIC;
     }
     return t;
@@ -248,6 +277,9 @@ private:
   std::uint8_t hop_limit_ = 1;
   bool allow_rdma_write_ = false;
   EndpointCaps endpoint_caps_ = EndpointCaps::none;
+  QpTransport transport_;
+  QpTransitionHook hook_ = nullptr;
+  void* hook_user_ = nullptr;
 };
 
 /// A created queue pair that is not connected yet: it has an Endpoint to send to the peer, and
@@ -292,7 +324,7 @@ public:
     if (auto r = sel.revalidate(); !r) return fail(r.error());
 
     auto step = [&](Step s, const QpTransition& t) -> Result<void> {
-      QpTransition copy = t;
+      QpTransition copy = recipe_.edited(s, t);
       if (const int rc = info_->api->modify_qp(owned_.get(), &copy.attr, copy.mask); rc != 0) {
         Error e = Error::from_return(s, rc);
         info_->stamp(e, sel.port(), sel.index());
@@ -309,12 +341,40 @@ public:
       return {};
     };
     if (auto r = step(Step::modify_qp_rtr, recipe_.rtr_transition(remote)); !r) return fail(r.error());
-    if (auto r = step(Step::modify_qp_rts, recipe_.rts_transition(local_.psn)); !r) return fail(r.error());
-    return QueuePair(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed());
+    if (auto r = step(Step::modify_qp_rts, recipe_.rts_transition(local_.psn)); !r) {
+      // The QP is in RTR now: back to RESET and INIT, so this object can connect() again (a
+      // failed RTR leaves it in INIT by itself).
+      if (auto back = reinit(); !back) {
+        Error e = r.error();
+        e.detail.append("; and the QP could not be reset to INIT for a retry");
+        return fail(e);
+      }
+      return fail(r.error());
+    }
+    QueuePair qp(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed());
+    qp.remember(std::make_shared<const QpRecipe>(recipe_));
+    return qp;
   }
 
 private:
   friend class QpRecipe;
+  friend class QueuePair;
+  // RESET, then INIT again (with the recipe's hook): what a failed RTS and QueuePair::reset need.
+  Result<void> reinit() noexcept {
+    const detail::ControlOps& ops = info_->ops;
+    abi::ibv_qp_attr reset_attr{};
+    reset_attr.qp_state = abi::IBV_QPS_RESET;
+    if (const int rc = ops.modify_qp(owned_.get(), &reset_attr, abi::IBV_QP_STATE); rc != 0) {
+      Error e = Error::from_return(Step::modify_qp_reset, rc);
+      return fail(info_->stamp(e, recipe_.gid().port(), recipe_.gid().index()));
+    }
+    QpTransition t = recipe_.edited(Step::modify_qp_init, recipe_.init_transition());
+    if (const int rc = ops.modify_qp(owned_.get(), &t.attr, t.mask); rc != 0) {
+      Error e = Error::from_return(Step::modify_qp_init, rc);
+      return fail(info_->stamp(e, recipe_.gid().port(), recipe_.gid().index()));
+    }
+    return {};
+  }
   PreparedQueuePair(detail::Owned<abi::ibv_qp> qp, std::shared_ptr<detail::ContextInfo> info, QpRecipe recipe,
                     QpCapacities caps, Endpoint local)
       : owned_(std::move(qp)), info_(std::move(info)), recipe_(std::move(recipe)), caps_(caps), local_(local) {}
@@ -330,6 +390,21 @@ inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, c
                                                    const CompletionQueue& recv_cq) const {
   const auto& info = pd.info();
   const detail::VerbsApi& api = *info->api;
+  if (type_ == QpType::ud) {
+    // UD needs a QKEY at INIT, no RTR path, address handles per destination and 40 bytes of GRH in
+    // every receive: none of which this recipe builds. Refused before anything is created.
+    Error e = Error::make(Step::create_qp, ErrorKind::unsupported,
+                          "QpType::ud is not supported by QpRecipe (no QKEY, address handles or GRH room); "
+                          "use RC or UC, or build UD on native_handle() with Library::symbol");
+    return fail(info->stamp(e, gid_.port(), gid_.index()));
+  }
+  if (gid_.index() > 255) {
+    Error e = Error::make(Step::select_gid, ErrorKind::gid_index_invalid);
+    e.detail.appendf("GID index %d: the verbs ABI carries the RTR source index in 8 bits "
+                     "(ibv_global_route.sgid_index), so it would route from index %d instead",
+                     gid_.index(), gid_.index() & 0xff);
+    return fail(info->stamp(e, gid_.port(), gid_.index()));
+  }
   abi::ibv_qp_init_attr init = init_attributes();
   init.send_cq = send_cq.native_handle();
   init.recv_cq = recv_cq.native_handle();
@@ -357,19 +432,36 @@ inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, c
                qinit.cap.max_inline_data};
   }
 
-  QpTransition t = init_transition();
+  QpTransition t = edited(Step::modify_qp_init, init_transition());
   if (const int rc = api.modify_qp(qp, &t.attr, t.mask); rc != 0) {
     Error e = Error::from_return(Step::modify_qp_init, rc);
     return fail(info->stamp(e, gid_.port(), gid_.index()));
   }
   abi::ibv_port_attr port{};
   const std::uint16_t lid = api.query_port(qp->context, gid_.port(), &port) == 0 ? port.lid : 0;
-  const std::uint32_t psn = psn_ ? *psn_ : detail::fresh_psn();
+  const std::uint32_t psn = initial_psn();
   return PreparedQueuePair(std::move(owned), info, *this, granted, local_endpoint(qp->qp_num, psn, lid));
 }
 
 inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, const CompletionQueue& cq) const {
   return prepare(pd, cq, cq);
+}
+
+inline Result<PreparedQueuePair> QueuePair::reset() && {
+  if (recipe_ == nullptr || info_ == nullptr || !qp_.live()) {
+    Error e = Error::from_return(Step::modify_qp_reset, EBADF);
+    return fail(stamp(e));
+  }
+  const QpRecipe recipe = *recipe_;
+  const std::uint32_t psn = recipe.initial_psn();
+  abi::ibv_port_attr port{};
+  const std::uint16_t lid =
+      info_->api != nullptr && info_->api->query_port(qp_->context, recipe.gid().port(), &port) == 0 ? port.lid : 0;
+  const Endpoint local = recipe.local_endpoint(qp_->qp_num, psn, lid);
+  qp_.reset();
+  PreparedQueuePair prepared(std::move(owned_), std::move(info_), recipe, caps_, local);
+  if (auto r = prepared.reinit(); !r) return fail(r.error()); // the QP is destroyed with `prepared`
+  return prepared;
 }
 
 TBVERBS_NAMESPACE_END

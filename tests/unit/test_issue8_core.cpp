@@ -6,6 +6,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -402,4 +403,154 @@ TEST_CASE("finding 13: sge() names its own step, and a cut detail is marked", "[
   const std::string ctxh = read_header("context.hpp");
   CHECK(ctxh.find("Errors: ibv_alloc_pd") != std::string::npos);
   CHECK(ctxh.find("Errors (never a channel's)") != std::string::npos);
+}
+
+TEST_CASE("finding 2: a GID index above 255 is refused, not truncated at RTR", "[issue8][recipe]") {
+  FakeVerbs f;
+  f.gids.assign(1024, FakeVerbs::link_local());
+  f.gids[300] = FakeVerbs::ipv4(169, 254, 0, 3); // the only IPv4 entry: index 300 (44 as uint8_t)
+  f.gids[44] = FakeVerbs::ipv4(169, 254, 0, 44);
+  auto ctx = Context::open(f.library(), "rdma_en1");
+  auto pd = ctx->alloc_pd();
+  auto cq = ctx->create_cq(16, CqWait::poll);
+  auto table = ctx->gid_table(1);
+  REQUIRE(table);
+  auto sel = table->at_index(300);
+  REQUIRE(sel);
+  auto prep = QpRecipe::thunderbolt(*sel).prepare(*pd, *cq);
+  REQUIRE_FALSE(prep);
+  CHECK(prep.error().kind == ErrorKind::gid_index_invalid);
+  CHECK(prep.error().gid_index == 300);
+  CHECK(std::string(prep.error().detail.view()).find("8 bits") != std::string::npos);
+  CHECK(f.qps.empty()); // refused before anything was created
+  auto low = table->at_index(44);
+  REQUIRE(low);
+  REQUIRE(QpRecipe::thunderbolt(*low).prepare(*pd, *cq));
+}
+
+TEST_CASE("finding 5: QP state control: flush to ERR, query, reset and re-connect, retry a failed connect",
+          "[issue8][qp]") {
+  FakeVerbs f;
+  f.query_qp_works = true;
+  auto c = connect(f, true);
+  auto st = c.qp.query_state();
+  REQUIRE(st);
+  CHECK(*st == QpState::rts);
+  REQUIRE(c.qp.modify_to_error());
+  CHECK(f.modify_attrs.back().qp_state == abi::IBV_QPS_ERR);
+  CHECK(*c.qp.query_state() == QpState::error);
+  const std::uint32_t qpn = c.qp.qp_num();
+
+  auto again = std::move(c.qp).reset();
+  REQUIRE(again);
+  CHECK(c.qp.native_handle() == nullptr);
+  CHECK(again->endpoint().qp_num == qpn); // the same QP, no destroy and re-create
+  CHECK(f.modify_attrs[f.modify_attrs.size() - 2].qp_state == abi::IBV_QPS_RESET);
+  CHECK(f.modify_attrs.back().qp_state == abi::IBV_QPS_INIT);
+  CHECK(std::count(f.calls.begin(), f.calls.end(), "destroy_qp") == 0);
+  Endpoint self = again->endpoint();
+  auto back = std::move(*again).connect(self);
+  REQUIRE(back);
+  CHECK(*back->query_state() == QpState::rts);
+
+  // A failed RTS leaves the prepared QP in INIT, so connect() can be retried on the same object.
+  auto sel = c.ctx.gid_table(1)->first_ipv4_mapped();
+  auto prep = QpRecipe::rdma_core_rc(*sel).prepare(c.pd, c.cq);
+  REQUIRE(prep);
+  f.modify_qp_rc[abi::IBV_QPS_RTS] = EINVAL;
+  Endpoint peer = prep->endpoint();
+  auto failed = std::move(*prep).connect(peer);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().step == Step::modify_qp_rts);
+  CHECK(f.qp_state == abi::IBV_QPS_INIT);
+  REQUIRE(prep->native_handle() != nullptr);
+  f.modify_qp_rc[abi::IBV_QPS_RTS] = 0;
+  auto retried = std::move(*prep).connect(peer);
+  REQUIRE(retried);
+}
+
+namespace {
+void set_rate_limit(Step step, QpTransition& t, void* user) {
+  if (step != Step::modify_qp_rts) return;
+  t.attr.rate_limit = *static_cast<unsigned*>(user);
+  t.mask |= abi::IBV_QP_RATE_LIMIT;
+}
+} // namespace
+
+TEST_CASE("finding 7: transport settings and a transition hook reach modify_qp", "[issue8][recipe]") {
+  FakeVerbs f;
+  f.device_names = {"mlx5_0"};
+  auto ctx = Context::open(f.library(), "mlx5_0");
+  auto pd = ctx->alloc_pd();
+  auto cq = ctx->create_cq(16, CqWait::poll);
+  auto sel = ctx->gid_table(1)->first_ipv4_mapped();
+  QpTransport t;
+  t.traffic_class = 106; // DSCP 26 << 2 | ECT(0)
+  t.service_level = 3;
+  t.flow_label = 0x12345;
+  t.pkey_index = 2;
+  t.timeout = 18;
+  t.retry_cnt = 5;
+  t.rnr_retry = 6;
+  t.min_rnr_timer = 20;
+  t.max_rd_atomic = 16;
+  t.max_dest_rd_atomic = 8;
+  unsigned rate = 1000;
+  auto recipe = QpRecipe::rdma_core_rc(*sel).transport(t).on_transition(&set_rate_limit, &rate);
+  const QpTransition init = recipe.init_transition();
+  CHECK(init.attr.pkey_index == 2);
+  auto prep = recipe.prepare(*pd, *cq);
+  REQUIRE(prep);
+  Endpoint self = prep->endpoint();
+  auto qp = std::move(*prep).connect(self);
+  REQUIRE(qp);
+  REQUIRE(f.modify_attrs.size() == 3);
+  const auto& rtr = f.modify_attrs[1];
+  CHECK(rtr.ah_attr.grh.traffic_class == 106);
+  CHECK(rtr.ah_attr.sl == 3);
+  CHECK(rtr.ah_attr.grh.flow_label == 0x12345);
+  CHECK(rtr.min_rnr_timer == 20);
+  CHECK(rtr.max_dest_rd_atomic == 8);
+  const auto& rts = f.modify_attrs[2];
+  CHECK(rts.timeout == 18);
+  CHECK(rts.retry_cnt == 5);
+  CHECK(rts.rnr_retry == 6);
+  CHECK(rts.max_rd_atomic == 16);
+  CHECK(rts.rate_limit == 1000);
+  CHECK((f.modify_masks[2] & abi::IBV_QP_RATE_LIMIT) != 0);
+  // The defaults are the presets' old values.
+  const QpTransport d;
+  CHECK((d.timeout == 14 && d.retry_cnt == 7 && d.rnr_retry == 7 && d.min_rnr_timer == 12 && d.max_rd_atomic == 1));
+}
+
+TEST_CASE("finding 8: QpType::ud is refused before anything is created", "[issue8][recipe]") {
+  FakeVerbs f;
+  auto ctx = Context::open(f.library(), "rdma_en1");
+  auto pd = ctx->alloc_pd();
+  auto cq = ctx->create_cq(16, CqWait::poll);
+  auto sel = ctx->gid_table(1)->first_ipv4_mapped();
+  auto prep = QpRecipe::thunderbolt(*sel).qp_type(QpType::ud).prepare(*pd, *cq);
+  REQUIRE_FALSE(prep);
+  CHECK(prep.error().kind == ErrorKind::unsupported);
+  CHECK(prep.error().step == Step::create_qp);
+  CHECK(f.qps.empty());
+}
+
+TEST_CASE("finding 10: Library::symbol looks up what tbverbs does not wrap", "[issue8][loader]") {
+  FakeVerbs f;
+  auto none = f.library().symbol<int(abi::ibv_qp*)>("ibv_destroy_qp");
+  REQUIRE_FALSE(none);
+  CHECK(none.error().kind == ErrorKind::unsupported);
+  auto lib = Library::load("libibverbs.so.1");
+  if (!lib) SKIP("no libibverbs.so.1 here: " << lib.error().message());
+  auto reg = lib->symbol<abi::ibv_mr*(abi::ibv_pd*, void*, std::size_t, std::uint64_t, int)>("ibv_reg_mr_iova2",
+                                                                                           "IBVERBS_1.8");
+  REQUIRE(reg);
+  CHECK(*reg != nullptr);
+  auto as_pointer = lib->symbol<int (*)(abi::ibv_qp*)>("ibv_destroy_qp");
+  REQUIRE(as_pointer);
+  auto missing = lib->symbol<void()>("ibv_no_such_function");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().kind == ErrorKind::symbol_missing);
+  CHECK(std::string(missing.error().detail.view()).find("ibv_no_such_function") != std::string::npos);
 }
