@@ -3,17 +3,18 @@
 #
 #   1. installs the Debian packages the build and the tests need (tools/install-deps.sh);
 #   2. configures, builds and runs the whole ctest suite with the `dev` preset;
-#   3. does the same with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer);
+#   3. does the same with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer) and the
+#      `tsan` preset (ThreadSanitizer, over the unit, emulator and emulated tests);
 #   4. prints each preset's ctest summary and exits non-zero if anything failed.
 #
-# Environment: TBVERBS_TEST_PRESETS (default "dev asan"), TBVERBS_JOBS (default: number of CPUs),
+# Environment: TBVERBS_TEST_PRESETS (default "dev asan tsan"), TBVERBS_JOBS (default: number of CPUs),
 # TBVERBS_SKIP_DEPS=1 to skip step 1 on a machine that already has everything.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$(pwd)
 
-read -r -a presets <<<"${TBVERBS_TEST_PRESETS:-dev asan}"
+read -r -a presets <<<"${TBVERBS_TEST_PRESETS:-dev asan tsan}"
 jobs=${TBVERBS_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 section() { printf '\n==== %s ====\n' "$*"; }
