@@ -272,8 +272,11 @@ static_assert(sizeof(RecvWr) == sizeof(abi::ibv_recv_wr) && std::is_trivially_co
 template <std::size_t N> class SendChain {
 public:
   static_assert(N > 0, "a chain holds at least one request");
+  /// An empty chain.
   SendChain() noexcept = default;
+  /// Not copyable: its requests are linked to one another.
   SendChain(const SendChain&) = delete;
+  /// Not copyable: its requests are linked to one another.
   SendChain& operator=(const SendChain&) = delete;
   ~SendChain() = default;
 
@@ -318,8 +321,11 @@ private:
 template <std::size_t N> class RecvChain {
 public:
   static_assert(N > 0, "a chain holds at least one request");
+  /// An empty chain.
   RecvChain() noexcept = default;
+  /// Not copyable: its requests are linked to one another.
   RecvChain(const RecvChain&) = delete;
+  /// Not copyable: its requests are linked to one another.
   RecvChain& operator=(const RecvChain&) = delete;
   ~RecvChain() = default;
 

@@ -1,0 +1,1 @@
+#include <tbverbs/data_path.hpp>
