@@ -209,7 +209,7 @@ struct Options {
   int timeout_ms = 30000, gid_wait_ms = 1000;
   bool csv = false, quiet = false, keep = false, no_device_file = false, explain = false;
   int ranks = 0;
-  std::string fabric, write_fabric, memory = "auto";
+  std::string fabric, write_fabric, memory = "auto", transport = "auto";
   std::vector<std::string> quirks;
   std::string profile = "thunderbolt";
   int cables = 1;
@@ -337,6 +337,10 @@ int run_rank(const Options& o) {
   else if (o.memory == "registered") cfg.memory = ring::Memory::registered;
   else if (o.memory == "staged") cfg.memory = ring::Memory::staged;
   else return config_error("--memory must be auto, registered or staged");
+  if (o.transport == "auto") cfg.transport = ring::Transport::automatic;
+  else if (o.transport == "send") cfg.transport = ring::Transport::send;
+  else if (o.transport == "write") cfg.transport = ring::Transport::write;
+  else return config_error("--transport must be auto, send or write");
   cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
   cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
   cfg.log = [&, rank](const std::string& s) {
@@ -552,6 +556,10 @@ int main(int argc, char** argv) {
   app.add_option("--memory", o.memory,
                  "auto, registered (user buffers as regions of at most max_mr_size) or staged (copies through "
                  "registered scratch slots); auto registers while the regions fit the devices' budget")
+      ->capture_default_str();
+  app.add_option("--transport", o.transport,
+                 "auto, send (SEND/RECV) or write (RDMA WRITE with immediate into the peer's buffer; RC only, "
+                 "SEND/RECV on Thunderbolt); auto takes the one measured faster on the emulator")
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
   app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();

@@ -24,10 +24,18 @@
 // flow control under another: the ring is correct under both).
 //
 // Memory within Apple's limits (max_mr_size 16,384,000 bytes, about 100 regions per device):
-// registered mode registers the user buffers as MemoryRegionSets (regions of at most max_mr_size
-// overlapping by one message, so no message spans two); staged mode registers only bounded
+// registered mode registers the user buffers as region sets (ring::Regions: regions of at most
+// max_mr_size overlapping by one message, so no message spans two); staged mode registers only bounded
 // scratch slots and copies through them. `automatic` takes registered while the regions fit the
 // device's budget, staged beyond; the regions a job needs are counted before anything is made.
+//
+// Transport (RC only): messages travel as SEND/RECV, or as RDMA WRITE with immediate (NCCL
+// net_ib's schedule) straight into the place the receive would have put them: the peer's scratch
+// slot, or its output range in the all-gather of registered memory. The receiver then posts
+// zero-length receives as the credits (each WRITE_WITH_IMM consumes one and completes it with the
+// message number as the immediate), so the window, the credits and the numbering are unchanged.
+// The peers exchange their regions' addresses and rkeys over the side channel at set-up. Apple's
+// driver (UC) accepts RDMA WRITE but does not execute it: there the ring always sends.
 #pragma once
 
 #include <tbverbs/budget.hpp>
@@ -46,7 +54,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ring {
@@ -59,6 +69,21 @@ using tbverbs::fail;
 
 /// How the ring's buffers are registered (see the top of this file).
 enum class Memory { automatic, registered, staged };
+
+/// How messages travel (see the top of this file): `automatic` takes the one measured faster on
+/// the emulator where RDMA WRITE with immediate is possible (RC), SEND/RECV elsewhere.
+enum class Transport { automatic, send, write };
+
+/// What `Transport::automatic` was chosen from: `ring_all_sum --local 4 --profile rdma-core-rc --size
+/// 64M --iters 10`, Release build, busbw in GB/s, median of 10 interleaved runs of each on one
+/// session (2026-12). The emulator moves a SEND and an RDMA WRITE with the same copy, so the two
+/// tie within the runs' spread (also at 2 ranks and at 4 KiB: docs/collective-backend.md,
+/// "Transport"); WRITE is not faster there, so automatic keeps SEND/RECV.
+struct TransportMeasurement {
+  double send_gbps, write_gbps;
+  bool write_faster() const { return write_gbps > send_gbps; }
+};
+inline constexpr TransportMeasurement measured_on_emulator{2.43, 2.42};
 
 /// How the ring is set up.
 struct Config {
@@ -73,9 +98,112 @@ struct Config {
   std::size_t message_bytes = 256 * 1024;  // largest message (a whole number of 4 KiB frames)
   int window = 8;                          // messages in flight per direction
   Memory memory = Memory::automatic;
+  Transport transport = Transport::automatic;
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds gid_wait{1000};  // how long to wait for an IPv4-mapped GID to appear
   std::function<void(const std::string&)> log;  // progress lines
+};
+
+/// One buffer registered as the regions of a tbverbs::RegionPlan, as tbverbs::MemoryRegionSet
+/// does, but with the access rights chosen: MemoryRegionSet::reg always registers through
+/// reg_mr_two_sided (local write only on rdma-core), and an RDMA WRITE target needs REMOTE_WRITE.
+/// (A workaround in the example: the library's set takes no access rights yet.)
+class Regions {
+public:
+  /// Registers `memory` as regions of at most `max_mr_size` serving ranges of up to `max_span`
+  /// bytes: two-sided (reg_mr_two_sided), or as an RDMA WRITE target (local and remote write).
+  static Result<Regions> reg(const tbverbs::ProtectionDomain& pd, std::span<std::byte> memory,
+                             std::uint64_t max_mr_size, std::size_t max_span, bool write_target) {
+    auto plan = tbverbs::RegionPlan::make(memory.size(), max_mr_size, max_span);
+    if (!plan) return fail(plan.error());
+    Regions set;
+    set.base_ = memory.data();
+    set.size_ = memory.size();
+    set.plan_ = *plan;
+    for (std::size_t k = 0; k < plan->count; ++k) {
+      const std::size_t off = k * plan->stride;
+      const auto part = memory.subspan(off, std::min(plan->region_bytes, memory.size() - off));
+      auto mr = write_target ? pd.reg_mr(part, tbverbs::Access::local_write | tbverbs::Access::remote_write)
+                             : pd.reg_mr_two_sided(part);
+      if (!mr) {
+        Error e = mr.error();
+        return fail(e.with_detail("region " + std::to_string(k + 1) + " of " + std::to_string(plan->count) + ": " +
+                                  std::string(e.detail.view())));
+      }
+      set.regions_.push_back(std::move(*mr));
+    }
+    return set;
+  }
+  /// The index of the region that holds [offset, offset + length) of a buffer of `size` bytes cut
+  /// by `plan` (the same rule on both ends: the sender applies it to the peer's plan).
+  static std::optional<std::size_t> region_of(const tbverbs::RegionPlan& plan, std::size_t size, std::size_t offset,
+                                              std::size_t length) {
+    if (plan.count == 0 || offset > size || length > size - offset) return std::nullopt;
+    const std::size_t k = plan.count > 1 ? std::min(offset / plan.stride, plan.count - 1) : 0;
+    const std::size_t start = k * plan.stride;
+    if (offset + length > start + std::min(plan.region_bytes, size - start)) return std::nullopt;
+    return k;
+  }
+  /// A scatter-gather entry for `length` bytes at `offset`, inside the one region that holds them.
+  Result<tbverbs::abi::ibv_sge> sge(std::size_t offset, std::size_t length) const {
+    const auto k = region_of(plan_, size_, offset, length);
+    if (!k)
+      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
+                              "range outside the registered memory region set, or longer than its overlap"));
+    return regions_[*k].sge(offset - *k * plan_.stride, length);
+  }
+  std::byte* data() const { return base_; }
+  std::size_t size() const { return size_; }
+  const tbverbs::RegionPlan& plan() const { return plan_; }
+  std::span<const tbverbs::MemoryRegion> regions() const { return regions_; }
+
+private:
+  Regions() = default;
+  std::byte* base_ = nullptr;
+  std::size_t size_ = 0;
+  tbverbs::RegionPlan plan_;
+  std::vector<tbverbs::MemoryRegion> regions_;
+};
+
+/// tbverbs::explain_memory's line for a Regions (that function takes a MemoryRegionSet).
+inline std::string explain_regions(const Regions& set, std::string_view what, std::uint64_t max_mr_size) {
+  const tbverbs::RegionPlan& plan = set.plan();
+  std::string s = std::string(what) + ": " + std::to_string(set.size()) + " bytes in " + std::to_string(plan.count) +
+                  " region(s)";
+  if (plan.count > 1)
+    s += " starting every " + std::to_string(plan.stride) + " bytes, each message within one (messages up to " +
+         std::to_string(plan.max_span) + " bytes)";
+  s += "; max_mr_size " + std::to_string(max_mr_size);
+  if (!set.regions().empty()) {
+    const auto a = static_cast<unsigned>(set.regions().front().access());
+    s += "; access " + tbverbs::detail::access_names(a) +
+         (a == 1 ? " (TN3205's advice)"
+                 : (a & static_cast<unsigned>(tbverbs::Access::remote_read)) != 0 ? " (local write refused: JACCL's and ds4's set)"
+                                                                                 : " (an RDMA WRITE target)");
+  }
+  return s;
+}
+
+/// Where the peer of a link wants its messages written (RDMA WRITE transport): the address, plan
+/// and rkeys of each buffer's regions on the peer's device, as exchanged at set-up.
+struct RemoteRegions {
+  std::uint64_t addr = 0, size = 0;
+  tbverbs::RegionPlan plan;
+  std::vector<std::uint32_t> rkeys;  // one per region of `plan`
+  /// The peer's address and the rkey of its region that holds [offset, offset + length).
+  Result<tbverbs::RemoteBuffer> at(std::size_t offset, std::size_t length) const {
+    const auto k = Regions::region_of(plan, size, offset, length);
+    if (!k || *k >= rkeys.size())
+      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
+                              "range " + std::to_string(offset) + "+" + std::to_string(length) +
+                                  " outside the peer's registered regions"));
+    return tbverbs::RemoteBuffer{addr + offset, rkeys[*k]};
+  }
+};
+struct PeerTargets {
+  bool staged = false;              // the peer stages its memory: all-gather messages go to its scratch too
+  std::size_t slots = 0, slot_bytes = 0;  // the peer's scratch layout
+  RemoteRegions scratch, in, out;
 };
 
 /// One device as the ring uses it, with its registrations of the ring's buffers.
@@ -86,7 +214,7 @@ struct Port {
   std::optional<tbverbs::GidSelection> gid;
   tbverbs::DeviceAttributes device;
   int links = 0;  // links on this device
-  std::optional<tbverbs::MemoryRegionSet> in, out, scratch;
+  std::optional<Regions> in, out, scratch;
 };
 
 /// A page-aligned buffer of the ring.
@@ -106,8 +234,10 @@ public:
     auto r = std::unique_ptr<Ring>(new Ring(sc, cfg));
     if (auto s = r->open_ports(lib); !s) return fail(s.error());
     if (auto s = r->check_cables(); !s) return fail(s.error());
+    if (auto s = r->choose_transport(); !s) return fail(s.error());
     if (auto s = r->allocate(max_bytes); !s) return fail(s.error());
     if (auto s = r->connect(); !s) return fail(s.error());
+    if (auto s = r->exchange_targets(); !s) return fail(s.error());
     return r;
   }
 
@@ -117,6 +247,8 @@ public:
   const Config& config() const { return cfg_; }
   /// True when the buffers are staged (copied through registered scratch slots).
   bool staged() const { return staged_; }
+  /// True when messages travel as RDMA WRITE with immediate (else SEND/RECV).
+  bool writes() const { return write_; }
   /// "Receives posted" with the two neighbours only (tbverbs::receives_posted on every link): what
   /// all_sum's `before_start` needs between back-to-back all_sums, since a rank only ever sends to
   /// its neighbours. A global barrier works too, but costs two hops through rank 0.
@@ -158,8 +290,10 @@ private:
 
   Result<void> open_ports(const tbverbs::Library& lib);
   Result<void> check_cables();
+  Result<void> choose_transport();
   Result<void> allocate(std::size_t max_bytes);
   Result<void> connect();
+  Result<void> exchange_targets();
 
   // Where link i of the flat list sits: its side (0 left, 1 right), its cable index on that side,
   // and its device.
@@ -180,6 +314,8 @@ private:
   std::size_t first_[2] = {0, 0};             // index in links_ of each side's first link
   Buffer in_, out_, scratch_;
   bool staged_ = false;
+  bool write_ = false;               // RDMA WRITE with immediate instead of SEND/RECV
+  std::vector<PeerTargets> peer_;    // write_: per link, where its peer wants our messages
   std::size_t slot_bytes_ = 0;  // bytes of one scratch slot (the largest message at set-up)
   std::size_t slots_ = 0;       // scratch slots per direction (2 x window)
   std::uint32_t epoch_ = 0;
@@ -267,6 +403,57 @@ inline Result<void> Ring::check_cables() {
                                 std::to_string(right) + " lists " + std::to_string(their_left) +
                                 " toward rank " + std::to_string(r) +
                                 " (entry k on both ranks must be the same cable)"));
+  return {};
+}
+
+// RDMA WRITE with immediate needs it on every port of the ring (the QP the platform's recipe makes
+// must execute it: RC on rdma-core; Apple's UC accepts a WRITE and drops it). Agreed ring-wide over
+// the side channel before anything is registered, since write targets need REMOTE_WRITE.
+inline Result<void> Ring::choose_transport() {
+  where_ = "choosing the transport";
+  std::string why_not;
+  for (const auto& p : ports_) {
+    const auto platform = p->context->platform();
+    const auto recipe = tbverbs::QpRecipe::for_platform(platform, *p->gid);
+    if (recipe.type() != tbverbs::QpType::rc ||
+        !tbverbs::contains(tbverbs::send_ops_for(recipe.type(), platform, true), tbverbs::SendOp::rdma_write_with_imm))
+      why_not = platform == tbverbs::Platform::apple
+                    ? "Apple's Thunderbolt driver is UC and executes SEND only (RDMA WRITE is accepted but not executed)"
+                    : p->name + " does not use RC";
+  }
+  std::byte mine[1] = {std::byte{why_not.empty() ? std::uint8_t{1} : std::uint8_t{0}}};
+  auto all = sc_.all_gather(mine);
+  if (!all) return fail(all.error());
+  bool everyone = why_not.empty();
+  for (std::size_t q = 0; q < all->size(); ++q)
+    if ((*all)[q].size() != 1 || (*all)[q][0] != std::byte{1}) {
+      everyone = false;
+      if (why_not.empty()) why_not = "rank " + std::to_string(q) + " cannot RDMA WRITE";
+    }
+  const auto& m = measured_on_emulator;
+  char figures[64];  // the chosen one's busbw first
+  std::snprintf(figures, sizeof figures, "%.2f vs %.2f GB/s", m.write_faster() ? m.write_gbps : m.send_gbps,
+                m.write_faster() ? m.send_gbps : m.write_gbps);
+  std::string line;
+  switch (cfg_.transport) {
+  case Transport::send:
+    write_ = false;
+    line = "SEND/RECV (--transport send)";
+    break;
+  case Transport::write:
+    write_ = everyone;
+    line = everyone ? "RDMA WRITE with immediate (--transport write)"
+                    : "SEND/RECV (--transport write asked, but " + why_not + ")";
+    break;
+  case Transport::automatic:
+    write_ = everyone && m.write_faster();
+    line = !everyone ? "SEND/RECV (" + why_not + ")"
+           : write_  ? "RDMA WRITE with immediate (measured faster on the emulator: " + std::string(figures) + ")"
+                     : "SEND/RECV (RDMA WRITE with immediate measured no faster on the emulator: " +
+                           std::string(figures) + ")";
+    break;
+  }
+  say(cfg_, "transport: " + line);
   return {};
 }
 
@@ -365,8 +552,8 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
                               p->name + ": the scratch slots alone need " + std::to_string(*need) +
                                   " memory regions, more than the " + std::to_string(budget(*p)) +
                                   " the device has room for; use smaller messages or a smaller window"));
-    auto reg = [&](std::optional<tbverbs::MemoryRegionSet>& into, Buffer& b) -> Result<void> {
-      auto set = tbverbs::MemoryRegionSet::reg(*p->pd, b.memory->bytes(), p->device.max_mr_size, slot_bytes_);
+    auto reg = [&](std::optional<Regions>& into, Buffer& b) -> Result<void> {
+      auto set = Regions::reg(*p->pd, b.memory->bytes(), p->device.max_mr_size, slot_bytes_, write_);
       if (!set) return fail(set.error());
       into.emplace(std::move(*set));
       return {};
@@ -382,10 +569,10 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
                   (staged_ ? "staged through scratch slots" : "user buffers registered") + ") in " +
                   std::to_string(us.count()) + " us");
     if (tbverbs::explain_enabled()) {
-      if (p->in) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->in, "input buffer", p->device.max_mr_size));
-      if (p->out) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->out, "output buffer", p->device.max_mr_size));
+      if (p->in) tbverbs::explain(p->name + ": MR " + explain_regions(*p->in, "input buffer", p->device.max_mr_size));
+      if (p->out) tbverbs::explain(p->name + ": MR " + explain_regions(*p->out, "output buffer", p->device.max_mr_size));
       tbverbs::explain(p->name + ": MR " +
-                       tbverbs::explain_memory(*p->scratch,
+                       explain_regions(*p->scratch,
                                                staged_ ? "scratch (receive and send slots: staged memory)"
                                                        : "scratch (receive slots of the reduce-scatter)",
                                                p->device.max_mr_size));
@@ -470,6 +657,99 @@ inline Result<void> Ring::connect() {
   return {};
 }
 
+// RDMA WRITE transport: every rank publishes, per link, where its peer must write (its scratch
+// slots' layout and, with registered memory, its input and output buffers: address, region plan,
+// rkeys), after registration and before the first all_sum; each rank keeps its peers' entries for
+// the cables they share (my right cable c is the right neighbour's left cable c).
+inline Result<void> Ring::exchange_targets() {
+  if (!write_) return {};
+  where_ = "exchanging the buffers' addresses and rkeys for RDMA WRITE";
+  using tbverbs::detail::get_be;
+  using tbverbs::detail::put_be;
+  std::vector<std::byte> mine;
+  auto put64 = [&](std::uint64_t v) {
+    mine.resize(mine.size() + 8);
+    put_be<std::uint64_t>(mine.data() + mine.size() - 8, v);
+  };
+  auto put_regions = [&](const std::optional<Regions>& r) {
+    put64(r ? reinterpret_cast<std::uintptr_t>(r->data()) : 0);
+    put64(r ? r->size() : 0);
+    put64(r ? r->plan().region_bytes : 0);
+    put64(r ? r->plan().stride : 0);
+    put64(r ? r->plan().count : 0);
+    put64(r ? r->plan().max_span : 0);
+    if (r)
+      for (const auto& mr : r->regions()) put64(mr.rkey());
+  };
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    const Port& p = *refs_[i].port;
+    put64(static_cast<std::uint64_t>(refs_[i].side));
+    put64(refs_[i].cable);
+    put64(staged_ ? 1 : 0);
+    put64(slots_);
+    put64(slot_bytes_);
+    put_regions(p.scratch);
+    put_regions(p.in);
+    put_regions(p.out);
+  }
+  auto all = sc_.all_gather(mine);
+  if (!all) return fail(all.error());
+  auto malformed = [] { return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed RDMA WRITE targets")); };
+  peer_.assign(links_.size(), PeerTargets{});
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    const int side = refs_[i].side;
+    const auto& theirs = (*all)[static_cast<std::size_t>(side == 0 ? left_ : right_)];
+    std::size_t at = 0;
+    bool ok = true, found = false;
+    auto get64 = [&]() -> std::uint64_t {
+      if (at + 8 > theirs.size()) {
+        ok = false;
+        return 0;
+      }
+      at += 8;
+      return get_be<std::uint64_t>(theirs.data() + at - 8);
+    };
+    auto get_regions = [&](RemoteRegions& r) {
+      r.addr = get64();
+      r.size = get64();
+      r.plan.region_bytes = get64();
+      r.plan.stride = get64();
+      r.plan.count = get64();
+      r.plan.max_span = get64();
+      r.rkeys.clear();
+      for (std::uint64_t k = 0; ok && k < r.plan.count; ++k) r.rkeys.push_back(static_cast<std::uint32_t>(get64()));
+    };
+    while (ok && at < theirs.size()) {
+      PeerTargets t;
+      const auto their_side = get64();
+      const auto their_cable = get64();
+      t.staged = get64() != 0;
+      t.slots = get64();
+      t.slot_bytes = get64();
+      get_regions(t.scratch);
+      get_regions(t.in);
+      get_regions(t.out);
+      // The peer's entry for this cable: the other side of the same cable index.
+      if (ok && their_side == static_cast<std::uint64_t>(1 - side) && their_cable == refs_[i].cable) {
+        peer_[i] = std::move(t);
+        found = true;
+        break;
+      }
+    }
+    if (!ok || !found) return malformed();
+    if (peer_[i].slots != slots_ || peer_[i].slot_bytes != slot_bytes_)
+      return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
+                              "rank " + std::to_string(links_[i].peer()) + " has " + std::to_string(peer_[i].slots) +
+                                  " scratch slots of " + std::to_string(peer_[i].slot_bytes) + " bytes, this rank " +
+                                  std::to_string(slots_) + " of " + std::to_string(slot_bytes_)));
+  }
+  say(cfg_, "RDMA WRITE targets exchanged with " +
+                (left_ == right_ ? "rank " + std::to_string(left_)
+                                 : "ranks " + std::to_string(left_) + " and " + std::to_string(right_)) +
+                " (scratch slots" + (staged_ ? "" : ", input and output buffers") + ", addresses and rkeys)");
+  return {};
+}
+
 inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
                                   const std::function<Result<void>()>& before_start) {
   using clock = std::chrono::steady_clock;
@@ -545,13 +825,23 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   auto recv_slot = [&](int d, std::size_t j) { return (static_cast<std::size_t>(d) * S + j % S) * slot_bytes_; };
   auto send_slot = [&](int d, std::size_t j) { return ((2 + static_cast<std::size_t>(d)) * S + j % S) * slot_bytes_; };
   // Registered mode only: the region sets of the user buffers on a link's device.
-  auto user_set = [&](Port& p, bool input) -> tbverbs::MemoryRegionSet& {
+  auto user_set = [&](Port& p, bool input) -> Regions& {
     return (input || in_place) ? *p.in : *p.out;
   };
 
   auto post_recv = [&](int d) -> Result<void> {
     const std::size_t j = posted[d];
     const std::size_t li = link_of(d, j);
+    if (write_) {
+      // The credit only: the peer's RDMA WRITE with immediate puts the data in place and
+      // consumes this zero-length receive.
+      const tbverbs::abi::ibv_sge none{};
+      tbverbs::RecvWr wr(j, none);
+      wr.sges({});
+      if (auto q = links_[li].qp().post(wr); !q) return fail(q.error());
+      ++posted[d];
+      return {};
+    }
     Port& p = *refs_[li].port;
     const Range rg = range(d, j, false);
     const std::size_t len = (rg.e - rg.b) * es;
@@ -582,7 +872,22 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
       sge = user_set(p, from_input).sge(rg.b * es, len);
     }
     if (!sge) return fail(sge.error());
-    if (auto q = links_[li].qp().send((std::uint64_t{1} << 40) | j, *sge); !q) return fail(q.error());
+    if (write_) {
+      // Into the exact place the peer's receive would have put it (see post_recv), the message
+      // number as the immediate.
+      const PeerTargets& pt = peer_[li];
+      auto slot = [&](std::size_t n) { return (static_cast<std::size_t>(d) * pt.slots + n % pt.slots) * pt.slot_bytes; };
+      tbverbs::Result<tbverbs::RemoteBuffer> to = fail(Error());
+      if (len == 0) to = pt.scratch.at((pt.staged ? 4 : 2) * pt.slots * pt.slot_bytes, placeholder);
+      else if (is_rs(j) || pt.staged) to = pt.scratch.at(slot(j), len);
+      else to = (in_place ? pt.in : pt.out).at(rg.b * es, len);
+      if (!to) return fail(to.error());
+      const auto wr = tbverbs::SendWr::rdma_write_with_imm((std::uint64_t{1} << 40) | j, *sge, *to,
+                                                           static_cast<std::uint32_t>(j));
+      if (auto q = links_[li].qp().post(wr); !q) return fail(q.error());
+    } else if (auto q = links_[li].qp().send((std::uint64_t{1} << 40) | j, *sge); !q) {
+      return fail(q.error());
+    }
     ++sent[d];
     ++sent_[li];
     return {};
@@ -593,6 +898,11 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
       return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
                               "receive completions out of order: got message " + std::to_string(wc.wr_id()) +
                                   ", expected " + std::to_string(j)));
+    if (write_ && (!wc.has_imm() || wc.imm() != static_cast<std::uint32_t>(j)))
+      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                              "RDMA WRITE with immediate out of order: " +
+                                  (wc.has_imm() ? "immediate " + std::to_string(wc.imm()) : std::string("no immediate")) +
+                                  ", expected message " + std::to_string(j)));
     const Range rg = range(d, j, false);
     const std::size_t want = rg.e > rg.b ? (rg.e - rg.b) * es : placeholder;
     if (wc.byte_len() != want)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ring_all_sum on the emulated rdma-core profiles (issue 11): mlx5 RoCE (every address as a RoCE v1
-# and a RoCE v2 entry) and InfiniBand (LIDs, no IPv4 GIDs). Asserts on the launcher's exit code and
-# on the set-up lines, which name each chosen GID's index and type.
+# and a RoCE v2 entry) and InfiniBand (LIDs, no IPv4 GIDs), and the ring's transport on RC (SEND/RECV
+# or RDMA WRITE with immediate). Asserts on the launcher's exit code and on the set-up lines, which
+# name each chosen GID's index and type and the transport.
 #   ring_profile_test.sh <ring_all_sum> <case> <ranks> [ring args...]
 set -u
 RING=$1; CASE=$2; N=$3; shift 3
@@ -64,6 +65,35 @@ PY
     expect_count "cause: No subnet manager" "$N"
     expect "opensm"
     expect_not "HUNG"
+    ;;
+  rc_write)
+    # RDMA WRITE with immediate on RC (issue 11 item 6): every rank says so, exchanges its targets,
+    # verifies, and every cable carries the messages.
+    run --local "$N" --profile rdma-core-rc --transport write "$@"
+    verified
+    expect_count "transport: RDMA WRITE with immediate \(--transport write\)" "$N"
+    expect_count "RDMA WRITE targets exchanged with" "$N"
+    expect_not "SEND/RECV"
+    expect_not " 0 messages sent| 0 received"
+    ;;
+  rc_send)
+    run --local "$N" --profile rdma-core-rc --transport send "$@"
+    verified
+    expect_count "transport: SEND/RECV \(--transport send\)" "$N"
+    expect_not "RDMA WRITE targets"
+    ;;
+  rc_auto)
+    # auto names what it took and the figures it was chosen from.
+    run --local "$N" --profile rdma-core-rc "$@"
+    verified
+    expect_count "transport: (RDMA WRITE with immediate \(measured faster|SEND/RECV \(RDMA WRITE with immediate measured no faster) on the emulator: [0-9.]+ vs [0-9.]+ GB/s\)" "$N"
+    ;;
+  thunderbolt_write)
+    # Apple's driver accepts RDMA WRITE but does not execute it: --transport write sends instead, and says why.
+    run --local "$N" --transport write "$@"
+    verified
+    expect_count "transport: SEND/RECV \(--transport write asked, but Apple's Thunderbolt driver is UC and executes SEND only" "$N"
+    expect_not "RDMA WRITE targets"
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
