@@ -24,7 +24,7 @@
 // flow control under another: the ring is correct under both).
 //
 // Memory within Apple's limits (max_mr_size 16,384,000 bytes, about 100 regions per device):
-// registered mode registers the user buffers as region sets (ring::Regions: regions of at most
+// registered mode registers the user buffers as region sets (tbverbs::MemoryRegionSet: regions of at most
 // max_mr_size overlapping by one message, so no message spans two); staged mode registers only bounded
 // scratch slots and copies through them. `automatic` takes registered while the regions fit the
 // device's budget, staged beyond; the regions a job needs are counted before anything is made.
@@ -104,86 +104,6 @@ struct Config {
   std::function<void(const std::string&)> log;  // progress lines
 };
 
-/// One buffer registered as the regions of a tbverbs::RegionPlan, as tbverbs::MemoryRegionSet
-/// does, but with the access rights chosen: MemoryRegionSet::reg always registers through
-/// reg_mr_two_sided (local write only on rdma-core), and an RDMA WRITE target needs REMOTE_WRITE.
-/// (A workaround in the example: the library's set takes no access rights yet.)
-class Regions {
-public:
-  /// Registers `memory` as regions of at most `max_mr_size` serving ranges of up to `max_span`
-  /// bytes: two-sided (reg_mr_two_sided), or as an RDMA WRITE target (local and remote write).
-  static Result<Regions> reg(const tbverbs::ProtectionDomain& pd, std::span<std::byte> memory,
-                             std::uint64_t max_mr_size, std::size_t max_span, bool write_target) {
-    auto plan = tbverbs::RegionPlan::make(memory.size(), max_mr_size, max_span);
-    if (!plan) return fail(plan.error());
-    Regions set;
-    set.base_ = memory.data();
-    set.size_ = memory.size();
-    set.plan_ = *plan;
-    for (std::size_t k = 0; k < plan->count; ++k) {
-      const std::size_t off = k * plan->stride;
-      const auto part = memory.subspan(off, std::min(plan->region_bytes, memory.size() - off));
-      auto mr = write_target ? pd.reg_mr(part, tbverbs::Access::local_write | tbverbs::Access::remote_write)
-                             : pd.reg_mr_two_sided(part);
-      if (!mr) {
-        Error e = mr.error();
-        return fail(e.with_detail("region " + std::to_string(k + 1) + " of " + std::to_string(plan->count) + ": " +
-                                  std::string(e.detail.view())));
-      }
-      set.regions_.push_back(std::move(*mr));
-    }
-    return set;
-  }
-  /// The index of the region that holds [offset, offset + length) of a buffer of `size` bytes cut
-  /// by `plan` (the same rule on both ends: the sender applies it to the peer's plan).
-  static std::optional<std::size_t> region_of(const tbverbs::RegionPlan& plan, std::size_t size, std::size_t offset,
-                                              std::size_t length) {
-    if (plan.count == 0 || offset > size || length > size - offset) return std::nullopt;
-    const std::size_t k = plan.count > 1 ? std::min(offset / plan.stride, plan.count - 1) : 0;
-    const std::size_t start = k * plan.stride;
-    if (offset + length > start + std::min(plan.region_bytes, size - start)) return std::nullopt;
-    return k;
-  }
-  /// A scatter-gather entry for `length` bytes at `offset`, inside the one region that holds them.
-  Result<tbverbs::abi::ibv_sge> sge(std::size_t offset, std::size_t length) const {
-    const auto k = region_of(plan_, size_, offset, length);
-    if (!k)
-      return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
-                              "range outside the registered memory region set, or longer than its overlap"));
-    return regions_[*k].sge(offset - *k * plan_.stride, length);
-  }
-  std::byte* data() const { return base_; }
-  std::size_t size() const { return size_; }
-  const tbverbs::RegionPlan& plan() const { return plan_; }
-  std::span<const tbverbs::MemoryRegion> regions() const { return regions_; }
-
-private:
-  Regions() = default;
-  std::byte* base_ = nullptr;
-  std::size_t size_ = 0;
-  tbverbs::RegionPlan plan_;
-  std::vector<tbverbs::MemoryRegion> regions_;
-};
-
-/// tbverbs::explain_memory's line for a Regions (that function takes a MemoryRegionSet).
-inline std::string explain_regions(const Regions& set, std::string_view what, std::uint64_t max_mr_size) {
-  const tbverbs::RegionPlan& plan = set.plan();
-  std::string s = std::string(what) + ": " + std::to_string(set.size()) + " bytes in " + std::to_string(plan.count) +
-                  " region(s)";
-  if (plan.count > 1)
-    s += " starting every " + std::to_string(plan.stride) + " bytes, each message within one (messages up to " +
-         std::to_string(plan.max_span) + " bytes)";
-  s += "; max_mr_size " + std::to_string(max_mr_size);
-  if (!set.regions().empty()) {
-    const auto a = static_cast<unsigned>(set.regions().front().access());
-    s += "; access " + tbverbs::detail::access_names(a) +
-         (a == 1 ? " (TN3205's advice)"
-                 : (a & static_cast<unsigned>(tbverbs::Access::remote_read)) != 0 ? " (local write refused: JACCL's and ds4's set)"
-                                                                                 : " (an RDMA WRITE target)");
-  }
-  return s;
-}
-
 /// Where the peer of a link wants its messages written (RDMA WRITE transport): the address, plan
 /// and rkeys of each buffer's regions on the peer's device, as exchanged at set-up.
 struct RemoteRegions {
@@ -192,7 +112,7 @@ struct RemoteRegions {
   std::vector<std::uint32_t> rkeys;  // one per region of `plan`
   /// The peer's address and the rkey of its region that holds [offset, offset + length).
   Result<tbverbs::RemoteBuffer> at(std::size_t offset, std::size_t length) const {
-    const auto k = Regions::region_of(plan, size, offset, length);
+    const auto k = plan.region_of(size, offset, length);
     if (!k || *k >= rkeys.size())
       return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range " + std::to_string(offset) + "+" + std::to_string(length) +
@@ -214,7 +134,7 @@ struct Port {
   std::optional<tbverbs::GidSelection> gid;
   tbverbs::DeviceAttributes device;
   int links = 0;  // links on this device
-  std::optional<Regions> in, out, scratch;
+  std::optional<tbverbs::MemoryRegionSet> in, out, scratch;
 };
 
 /// A page-aligned buffer of the ring.
@@ -552,8 +472,11 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
                               p->name + ": the scratch slots alone need " + std::to_string(*need) +
                                   " memory regions, more than the " + std::to_string(budget(*p)) +
                                   " the device has room for; use smaller messages or a smaller window"));
-    auto reg = [&](std::optional<Regions>& into, Buffer& b) -> Result<void> {
-      auto set = Regions::reg(*p->pd, b.memory->bytes(), p->device.max_mr_size, slot_bytes_, write_);
+    auto reg = [&](std::optional<tbverbs::MemoryRegionSet>& into, Buffer& b) -> Result<void> {
+      auto set = tbverbs::MemoryRegionSet::reg(*p->pd, b.memory->bytes(), p->device.max_mr_size, slot_bytes_,
+                                                write_ ? std::optional(tbverbs::Access::local_write |
+                                                                       tbverbs::Access::remote_write)
+                                                       : std::nullopt);
       if (!set) return fail(set.error());
       into.emplace(std::move(*set));
       return {};
@@ -569,10 +492,10 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
                   (staged_ ? "staged through scratch slots" : "user buffers registered") + ") in " +
                   std::to_string(us.count()) + " us");
     if (tbverbs::explain_enabled()) {
-      if (p->in) tbverbs::explain(p->name + ": MR " + explain_regions(*p->in, "input buffer", p->device.max_mr_size));
-      if (p->out) tbverbs::explain(p->name + ": MR " + explain_regions(*p->out, "output buffer", p->device.max_mr_size));
+      if (p->in) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->in, "input buffer", p->device.max_mr_size));
+      if (p->out) tbverbs::explain(p->name + ": MR " + tbverbs::explain_memory(*p->out, "output buffer", p->device.max_mr_size));
       tbverbs::explain(p->name + ": MR " +
-                       explain_regions(*p->scratch,
+                       tbverbs::explain_memory(*p->scratch,
                                                staged_ ? "scratch (receive and send slots: staged memory)"
                                                        : "scratch (receive slots of the reduce-scatter)",
                                                p->device.max_mr_size));
@@ -671,7 +594,7 @@ inline Result<void> Ring::exchange_targets() {
     mine.resize(mine.size() + 8);
     put_be<std::uint64_t>(mine.data() + mine.size() - 8, v);
   };
-  auto put_regions = [&](const std::optional<Regions>& r) {
+  auto put_regions = [&](const std::optional<tbverbs::MemoryRegionSet>& r) {
     put64(r ? reinterpret_cast<std::uintptr_t>(r->data()) : 0);
     put64(r ? r->size() : 0);
     put64(r ? r->plan().region_bytes : 0);
@@ -825,7 +748,7 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   auto recv_slot = [&](int d, std::size_t j) { return (static_cast<std::size_t>(d) * S + j % S) * slot_bytes_; };
   auto send_slot = [&](int d, std::size_t j) { return ((2 + static_cast<std::size_t>(d)) * S + j % S) * slot_bytes_; };
   // Registered mode only: the region sets of the user buffers on a link's device.
-  auto user_set = [&](Port& p, bool input) -> Regions& {
+  auto user_set = [&](Port& p, bool input) -> tbverbs::MemoryRegionSet& {
     return (input || in_place) ? *p.in : *p.out;
   };
 

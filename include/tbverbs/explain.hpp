@@ -179,10 +179,13 @@ inline std::string explain_memory(const MemoryRegionSet& set, std::string_view w
     s += " starting every " + std::to_string(plan.stride) + " bytes, each message within one (messages up to " +
          std::to_string(plan.max_span) + " bytes)";
   s += "; max_mr_size " + std::to_string(max_mr_size);
-  if (!set.regions().empty())
-    s += "; access " + detail::access_names(static_cast<unsigned>(set.regions().front().access())) +
-         (static_cast<unsigned>(set.regions().front().access()) == 1 ? " (TN3205's advice)"
-                                                                      : " (local write refused: JACCL's and ds4's set)");
+  if (!set.regions().empty()) {
+    const auto a = static_cast<unsigned>(set.regions().front().access());
+    s += "; access " + detail::access_names(a) +
+         (a == 1 ? " (TN3205's advice)"
+                 : (a & static_cast<unsigned>(Access::remote_read)) != 0 ? " (local write refused: JACCL's and ds4's set)"
+                                                                          : " (an RDMA WRITE target)");
+  }
   return s;
 }
 

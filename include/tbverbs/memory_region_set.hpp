@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +60,18 @@ struct RegionPlan {
     p.count = 1 + (bytes - region + p.stride - 1) / p.stride;
     return p;
   }
+
+  /// The index of the region that holds [offset, offset + length) of a buffer of `size` bytes cut
+  /// by this plan, or nullopt when the range leaves the buffer or is longer than the overlap. The
+  /// same rule on both ends of a link: an RDMA WRITE's sender applies it to the peer's plan to pick
+  /// the peer's region (and rkey). Pure.
+  std::optional<std::size_t> region_of(std::size_t size, std::size_t offset, std::size_t length) const noexcept {
+    if (count == 0 || offset > size || length > size - offset) return std::nullopt;
+    const std::size_t k = count > 1 ? std::min(offset / stride, count - 1) : 0;
+    const std::size_t start = k * stride;
+    if (offset + length > start + std::min(region_bytes, size - start)) return std::nullopt;
+    return k;
+  }
 };
 
 /// One buffer registered as the regions of a RegionPlan (one region when the device allows it).
@@ -71,8 +84,11 @@ public:
   /// bytes, with ProtectionDomain::reg_mr_two_sided (access rights the driver accepts). Errors:
   /// the plan's `capacity`, or the failing region's reg_mr error (regions registered before it
   /// are deregistered).
+  /// With `access`, every region is registered with exactly those rights (e.g. local and remote
+  /// write for an RDMA WRITE target) instead of reg_mr_two_sided's.
   [[nodiscard]] static Result<MemoryRegionSet> reg(const ProtectionDomain& pd, std::span<std::byte> memory,
-                                                   std::uint64_t max_region_bytes, std::size_t max_span) {
+                                                   std::uint64_t max_region_bytes, std::size_t max_span,
+                                                   std::optional<Access> access = std::nullopt) {
     auto plan = RegionPlan::make(memory.size(), max_region_bytes, max_span);
     if (!plan) return fail(plan.error());
     MemoryRegionSet set;
@@ -83,7 +99,7 @@ public:
     for (std::size_t k = 0; k < plan->count; ++k) {
       const std::size_t off = k * plan->stride;
       const std::size_t len = std::min(plan->region_bytes, memory.size() - off);
-      auto mr = pd.reg_mr_two_sided(memory.subspan(off, len));
+      auto mr = access ? pd.reg_mr(memory.subspan(off, len), *access) : pd.reg_mr_two_sided(memory.subspan(off, len));
       if (!mr) {
         Error e = mr.error();
         return fail(e.with_detail("region " + std::to_string(k + 1) + " of " + std::to_string(plan->count) + ": " +
@@ -101,12 +117,11 @@ public:
     if (offset > size_ || length > size_ - offset)
       return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range outside the registered memory region set"));
-    std::size_t k = plan_.count > 1 ? std::min(offset / plan_.stride, plan_.count - 1) : 0;
-    const std::size_t start = k * plan_.stride;
-    if (offset + length > start + regions_[k].size())
+    const auto k = plan_.region_of(size_, offset, length);
+    if (!k)
       return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range longer than the region set's overlap (max_span)"));
-    return regions_[k].sge(offset - start, length);
+    return regions_[*k].sge(offset - *k * plan_.stride, length);
   }
 
   /// Start of the buffer.
