@@ -19,6 +19,7 @@
 #endif
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -154,12 +155,17 @@ struct RankProcess {
 
 /// Starts the ranks and waits for them. Returns the exit code of the launcher: 0 when every rank
 /// exited 0, 1 otherwise (with a line per failed rank).
+/// Set by SIGINT/SIGTERM while run_local waits: the ranks are stopped and the temporary state
+/// removed before the launcher exits (Ctrl-C left both behind: issue 9).
+inline volatile std::sig_atomic_t g_launcher_signal = 0;
+inline void launcher_on_signal(int sig) { g_launcher_signal = sig; }
+
 inline int run_local(const LocalOptions& o) {
   namespace fs = std::filesystem;
   using clock = std::chrono::steady_clock;
   const int n = o.ranks;
-  if (n < 1 || n > 64) {
-    std::fprintf(stderr, "--local: the number of ranks must be 1..64\n");
+  if (n < 2 || n > 64) {
+    std::fprintf(stderr, "--local: the number of ranks must be 2..64 (a ring needs two)\n");
     return 2;
   }
   char tmpl[] = "/tmp/tbverbs-ring-XXXXXX";
@@ -187,6 +193,10 @@ inline int run_local(const LocalOptions& o) {
   for (const auto& q : o.quirks) quirk_env += (quirk_env.empty() ? "" : ",") + q;
   const int port = free_port();
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  // A job id of this launch: the ranks derive their side-channel token from it, so a rank of
+  // another job that finds the same port is refused instead of joining.
+  std::string job_id = "local-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   std::printf("local ring of %d emulated hosts (profile %s, %d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
               n, o.fabric.empty() ? o.profile.c_str() : "of the fabric file", o.cables, o.cables == 1 ? "" : "s",
               quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(), fabric.c_str(), devices.c_str(), coordinator.c_str());
@@ -219,6 +229,7 @@ inline int run_local(const LocalOptions& o) {
       if (o.fabric.empty()) ::setenv("TBVERBS_EMU_STATE_DIR", state_dir.c_str(), 1);
       if (!o.fabric.empty() && !quirk_env.empty()) ::setenv("TBVERBS_EMU_QUIRKS", quirk_env.c_str(), 1);
       ::setenv("JACCL_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("TBVERBS_JOB_ID", job_id.c_str(), 1);
       ::setenv("JACCL_COORDINATOR", coordinator.c_str(), 1);
       if (o.no_device_file) {
         ::unsetenv("JACCL_IBV_DEVICES");
@@ -241,6 +252,12 @@ inline int run_local(const LocalOptions& o) {
     ranks[static_cast<std::size_t>(i)].fd = p[0];
   }
 
+  struct sigaction sa {};
+  sa.sa_handler = launcher_on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
   auto flush_line = [&](int i, const std::string& line) {
     std::printf("[rank %d] %s\n", i, line.c_str());
     std::fflush(stdout);
@@ -316,6 +333,22 @@ inline int run_local(const LocalOptions& o) {
     bool all = true;
     for (const auto& rp : ranks) all = all && rp.exited && rp.fd < 0;
     if (all) break;
+    if (g_launcher_signal != 0) {
+      std::printf("launcher: %s: stopping the ranks and removing the temporary state\n", strsignal(g_launcher_signal));
+      std::fflush(stdout);
+      for (auto& rp : ranks) {
+        if (!rp.exited) {
+          ::kill(rp.pid, SIGKILL);
+          ::waitpid(rp.pid, &rp.status, 0);
+          rp.exited = true;
+        }
+        if (rp.fd >= 0) {
+          ::close(rp.fd);
+          rp.fd = -1;
+        }
+      }
+      break;
+    }
     // After a failure, the others must stop on their own within the timeout (plus a margin for
     // the process exit); one that does not is reported as hung and killed.
     if (first_failure && now - *first_failure > o.timeout + std::chrono::seconds(5)) {
@@ -351,6 +384,9 @@ inline int run_local(const LocalOptions& o) {
     fs::remove_all(dir, ec);
     if (o.fabric.empty()) fs::remove_all(state_dir, ec);
   }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (g_launcher_signal != 0) return 128 + g_launcher_signal;
   return failed == 0 ? 0 : 1;
 }
 

@@ -34,9 +34,13 @@ namespace {
 
 using ring::DType;
 
-// "64M", "4K", "1G", "123" (bytes).
+// Largest buffer a rank may ask for: far above any real all_sum (1 GiB per rank is the issue's
+// bound), far below what overflows a size_t or the allocator (issue 9: a wrapped size crashed).
+constexpr std::size_t kMaxBytes = std::size_t{1} << 40;
+
+// "64M", "4K", "1G", "123" (bytes); nullopt for anything else or above kMaxBytes.
 std::optional<std::size_t> parse_size(std::string s) {
-  if (s.empty()) return std::nullopt;
+  if (s.empty() || s.size() > 24) return std::nullopt;
   std::size_t mult = 1;
   const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
   if (last == 'B') {
@@ -48,8 +52,16 @@ std::optional<std::size_t> parse_size(std::string s) {
     mult = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : std::size_t{1024} * 1024 * 1024;
     s.pop_back();
   }
-  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return static_cast<std::size_t>(std::stoull(s)) * mult;
+  if (s.empty() || s.size() > 15 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const unsigned long long v = std::stoull(s);  // at most 15 digits: cannot throw
+  if (v > kMaxBytes / mult) return std::nullopt;
+  return static_cast<std::size_t>(v) * mult;
+}
+
+// A rank number from the environment: digits only ("one" is not rank 0).
+std::optional<int> parse_rank(const std::string& s) {
+  if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoi(s);
 }
 
 std::string human(std::size_t b) {
@@ -227,7 +239,15 @@ int run_rank(const Options& o) {
   // Who am I, where is the coordinator, which devices: flags first, then the JACCL/MLX variables.
   int rank = o.rank;
   if (rank < 0) {
-    if (auto v = env_of({"JACCL_RANK", "MLX_RANK"})) rank = std::atoi(v->c_str());
+    if (auto v = env_of({"JACCL_RANK", "MLX_RANK"})) {
+      auto r = parse_rank(*v);
+      if (!r) {
+        std::fprintf(stderr, "rank ?: FAILED during configuration: JACCL_RANK/MLX_RANK=\"%s\" is not a rank number\n",
+                     v->c_str());
+        return 2;
+      }
+      rank = *r;
+    }
   }
   const std::string coordinator =
       !o.coordinator.empty() ? o.coordinator : env_of({"JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"}).value_or("");
@@ -247,7 +267,7 @@ int run_rank(const Options& o) {
   if (discover) {
     n = o.ranks;
     if (n <= 0)
-      if (auto v = env_of({"TBVERBS_RANKS", "MLX_WORLD_SIZE"})) n = std::atoi(v->c_str());
+      if (auto v = env_of({"TBVERBS_RANKS", "MLX_WORLD_SIZE"})) n = parse_rank(*v).value_or(-1);
     if (n < 2 || n > 64)
       return config_error(std::string(o.no_device_file ? "--no-device-file" : "no device file") +
                           ": give the number of ranks with --ranks N (or TBVERBS_RANKS), 2..64, so the cables can be "
@@ -278,6 +298,10 @@ int run_rank(const Options& o) {
   }
   if (!m.is_array() || m.size() < 2) return config_error(devices_path + ": expected a square matrix of at least 2 ranks");
   n = static_cast<int>(m.size());
+  for (std::size_t k = 0; k < m.size(); ++k)
+    if (!m[k].is_array() || m[k].size() != m.size())
+      return config_error(devices_path + ": row " + std::to_string(k) + " is not a list of " + std::to_string(m.size()) +
+                          " entries: the device file must be a square matrix, one row and one column per rank");
   if (n > 64) return config_error(devices_path + ": at most 64 ranks");
   if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the device file's " + std::to_string(n) + " ranks");
   const int left = (rank + n - 1) % n, right = (rank + 1) % n;
@@ -377,11 +401,20 @@ int run_rank(const Options& o) {
     sizes = o.counts;
     if (std::find(sizes.begin(), sizes.end(), std::size_t{0}) != sizes.end())
       return config_error("--count: element counts must be at least 1");
+    for (std::size_t c : sizes)
+      if (c > kMaxBytes / 8)
+        return config_error("--count " + std::to_string(c) + ": at most " + std::to_string(kMaxBytes / 8) +
+                            " elements (" + std::to_string(kMaxBytes) + " bytes of the widest type)");
   } else {
     auto lo = parse_size(o.size);
     auto hi = o.max_size.empty() ? lo : parse_size(o.max_size);
-    if (!lo || !hi || *lo == 0 || *hi < *lo) return config_error("--size/--max-size: sizes like 4K, 64M, 1G");
-    for (std::size_t s = *lo; s <= *hi; s *= 2) sizes.push_back(s);
+    if (!lo || !hi || *lo == 0 || *hi < *lo)
+      return config_error("--size/--max-size: sizes like 4K, 64M, 1G, from 1 byte to " + std::to_string(kMaxBytes) +
+                          " (a number alone is bytes; K, M and G are 1024-based)");
+    for (std::size_t s = *lo; s <= *hi; s *= 2) {  // *hi <= kMaxBytes: the doubling cannot wrap
+      sizes.push_back(s);
+      if (s > *hi / 2) break;
+    }
   }
   std::size_t max_bytes = 0;
   for (std::size_t s : sizes) max_bytes = std::max(max_bytes, by_count ? s * 8 : s);
@@ -391,7 +424,11 @@ int run_rank(const Options& o) {
   sco.rank = rank;
   sco.size = n;
   sco.coordinator = coordinator;
-  sco.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator);
+  // The job token: from the launcher's job id when there is one (--local passes a random one), so
+  // two jobs that happen to use the same coordinator port refuse each other instead of joining
+  // (issue 9); otherwise from the coordinator address, the same on every rank.
+  const std::string job_id = env_of({"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID"}).value_or("");
+  sco.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator + " " + job_id);
   sco.timeout = cfg.timeout;
   auto sc = tbverbs::SideChannel::connect(sco);
   if (!sc) return fail_rank(rank, "the side-channel rendezvous with " + coordinator, sc.error(), nullptr);

@@ -189,6 +189,51 @@ case "$CASE" in
     expect_count "cable [01] \\(rdma_en[12], link [0-9]+\\): [1-9][0-9]* messages sent, [1-9][0-9]* received" 4
     echo "ok: a 2-cable $form file read as JACCL reads it, both cables carried traffic, verified"
     ;;
+  bad_input)
+    # Input a user can type (issue 9): every case ends with a clear error and a non-zero exit, never
+    # a crash, a hang, an allocation until OOM, or a silent different run.
+    refuse() {  # expected text, then the command's arguments; env before it via ENV_PREFIX
+      local want=$1; shift
+      echo "+ $*" >"$OUT"
+      timeout 60 env ${ENV_PREFIX:-} "$RING" "$@" >>"$OUT" 2>&1; RC=$?
+      [ $RC -ne 0 ] || fail "exited 0 for: $*"
+      [ $RC -lt 124 ] || fail "exit $RC (a timeout or a signal) for: $*"
+      expect_not "killed by signal|Segmentation|terminate called|HUNG"
+      expect "$want"
+      echo "ok: refused ($want): $*"
+    }
+    refuse "at most [0-9]+ elements" --local 2 --count 2305843009213693953 --iters 1
+    refuse "sizes like 4K, 64M, 1G" --local 2 --size 99999999999999999999999 --iters 1
+    refuse "sizes like 4K, 64M, 1G" --local 2 --size 4K --max-size 18446744073709551615 --iters 1
+    refuse "sizes like 4K, 64M, 1G" --local 2 --size 17592186044417M --iters 1
+    refuse "number of ranks must be 2..64" --local 1
+    "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    echo '[[null, ["rdma_en2", 7]], [["rdma_en1", "rdma_en2"], null]]' >"$WORK/devices.json"
+    ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
+      refuse "lists something that is not a device name" --iters 1
+    echo '[[null, "rdma_en2", null], ["rdma_en1", null]]' >"$WORK/devices.json"
+    ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
+      refuse "must be a square matrix" --iters 1
+    ENV_PREFIX="JACCL_RANK=one JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
+      refuse "is not a rank number" --iters 1
+    echo "ok: every bad input refused with a clear error"
+    ;;
+  sigint)
+    # Ctrl-C (SIGINT) of the launcher mid-run: it stops its ranks, removes its temporary directory
+    # and exits 130 (issue 9: it used to leave its /tmp and /dev/shm state behind).
+    echo "+ $RING --local 3 --size 16M --iters 100000 --quiet (SIGINT after 1.5 s)" >"$OUT"
+    "$RING" --local 3 --size 16M --iters 100000 --quiet >>"$OUT" 2>&1 &
+    pid=$!
+    sleep 1.5
+    kill -INT "$pid"
+    wait "$pid"; RC=$?
+    [ $RC -eq 130 ] || fail "launcher exited $RC after SIGINT, expected 130"
+    expect "launcher: Interrupt: stopping the ranks and removing the temporary state"
+    tmpdir=$(sed -nE 's|.*fabric (/tmp/tbverbs-ring-[A-Za-z0-9]+)/fabric.json.*|\1|p' "$OUT" | head -1)
+    [ -n "$tmpdir" ] || fail "the launcher did not name its temporary directory"
+    [ ! -e "$tmpdir" ] || fail "$tmpdir is still there after SIGINT"
+    echo "ok: SIGINT stopped the ranks, removed $tmpdir, exit 130"
+    ;;
   drop)
     # Everything the first QP created on host1 sends is lost: the warm-up must catch it, both
     # ends must recreate that link, and the run must still verify.
