@@ -3,6 +3,8 @@
 // prefixed and their exit codes collected. Linux only (the emulator is).
 #pragma once
 
+#include <tbverbs/detail/socket.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
@@ -111,21 +113,6 @@ inline nlohmann::json ring_devices(int n, int cables = 1, const std::string& pro
   return m;
 }
 
-/// A free TCP port on the loopback interface (for the coordinator of a local run).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 struct LocalOptions {
   int ranks = 4;
@@ -191,7 +178,7 @@ inline int run_local(const LocalOptions& o) {
   // emulator's environment variable instead.
   std::string quirk_env;
   for (const auto& q : o.quirks) quirk_env += (quirk_env.empty() ? "" : ",") + q;
-  const int port = free_port();
+  const int port = tbverbs::detail::sc::free_loopback_port();
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
   // A job id of this launch: the ranks derive their side-channel token from it, so a rank of
   // another job that finds the same port is refused instead of joining.

@@ -1258,20 +1258,6 @@ int run_end(const Options& o, int rank, const std::string& coordinator, bool pri
   return e.errors.empty() ? 0 : 1;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 // --local: two emulated hosts whose cable does not follow the device naming (host0's rdma_en2 to
 // host1's rdma_en1, and a spare rdma_en1 on host0 with no cable), so discovery is part of the run.
@@ -1311,7 +1297,7 @@ int run_local(const Options& o) {
   if (!quirks.empty()) fabric["quirks"] = quirks;
   const std::string fabric_path = (dir / "fabric.json").string();
   std::ofstream(fabric_path) << fabric.dump(2) << "\n";
-  const std::string coordinator = "127.0.0.1:" + std::to_string(free_port());
+  const std::string coordinator = "127.0.0.1:" + std::to_string(tbverbs::detail::sc::free_loopback_port());
   pid_t pids[2] = {-1, -1};
   for (int r = 0; r < 2; ++r) {
     const pid_t pid = ::fork();

@@ -294,6 +294,24 @@ inline Result<UniqueFd> listen_tcp(const HostPort& at, int backlog, std::string_
   return fail(Error::from_errno(Step::side_channel, last).with_detail(d));
 }
 
+/// A TCP port that is free on the loopback interface right now (0 when none could be found), for
+/// the coordinator of a job whose ranks all run on this machine (the ring's and the probe's
+/// --local). Another process may take it before it is used: callers retry or fail clearly.
+inline int free_loopback_port() noexcept {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
 } // namespace sc
 } // namespace detail
 TBVERBS_NAMESPACE_END
