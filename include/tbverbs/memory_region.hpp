@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
+#include <string>
 
 TBVERBS_NAMESPACE_BEGIN
 
@@ -28,6 +30,10 @@ public:
   /// Allocates at least `bytes` (rounded up to the page size). Fails with ENOMEM at Step::reg_mr.
   [[nodiscard]] static Result<AlignedBuffer> allocate(std::size_t bytes) {
     const std::size_t page = page_size();
+    // Rounding SIZE_MAX up to a page wrapped to 0 and "allocated" an empty buffer (issue 9).
+    if (bytes > std::numeric_limits<std::size_t>::max() - page)
+      return fail(Error::from_return(Step::reg_mr, ENOMEM)
+                      .with_detail("allocating a page-aligned buffer of " + std::to_string(bytes) + " bytes: too large"));
     const std::size_t len = bytes == 0 ? page : (bytes + page - 1) / page * page;
     void* p = nullptr;
     if (const int rc = ::posix_memalign(&p, page, len); rc != 0)

@@ -5,6 +5,8 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <cerrno>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -53,4 +55,13 @@ TEST_CASE("GID text with an embedded NUL is refused (inet_pton would stop at it)
   using namespace std::string_view_literals;
   CHECK(tbverbs::Gid::parse("fe80::1"sv));
   CHECK_FALSE(tbverbs::Gid::parse("fe80::1\0junk"sv));
+}
+
+TEST_CASE("AlignedBuffer::allocate(SIZE_MAX) is an error, not a buffer of 0 bytes", "[strict]") {
+  auto b = tbverbs::AlignedBuffer::allocate(SIZE_MAX);
+  REQUIRE_FALSE(b);
+  CHECK(b.error().is(ENOMEM));
+  auto page = tbverbs::AlignedBuffer::allocate(1);
+  REQUIRE(page);
+  CHECK(page->size() == tbverbs::AlignedBuffer::page_size());
 }
