@@ -36,8 +36,13 @@ for n in "${names[@]}"; do
   src="$here/fuzz_$n.cpp"
   [ -f "$src" ] || { echo "run.sh: no harness $src" >&2; exit 2; }
   bin="$work/fuzz_$n"
+  # A harness may name more sources and include directories (relative to the repository) in
+  # "// fuzz-sources:" and "// fuzz-includes:" lines, e.g. the emulator's loader.
+  extra=()
+  for f in $(sed -nE 's|^// fuzz-sources: (.*)|\1|p' "$src"); do extra+=("$root/$f"); done
+  for d in $(sed -nE 's|^// fuzz-includes: (.*)|\1|p' "$src"); do extra+=(-I "$root/$d"); done
   if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-      -I "$root/include" "$src" -o "$bin" >"$work/$n.build.log" 2>&1; then
+      -I "$root/include" "${extra[@]}" "$src" -o "$bin" -lpthread >"$work/$n.build.log" 2>&1; then
     echo "FAIL  $n: does not build"; cat "$work/$n.build.log"; status=1; continue
   fi
   corpus="$work/corpus/$n"

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,9 @@ struct Fabric {
 // Loads (once per path, cached for the process life) and maps the fabric's shared
 // state. Throws std::runtime_error with a message naming the problem.
 Fabric& load_fabric(const std::string& path);
+// Parses a fabric description without mapping any state (the loader behind load_fabric; also
+// what fuzz/fuzz_fabric_file.cpp feeds). Throws std::runtime_error naming the problem.
+std::unique_ptr<Fabric> parse_fabric_text(const std::string& text, const std::string& origin);
 // The fabric named by TBVERBS_EMU_FABRIC (or the built-in default).
 Fabric& env_fabric();
 // The host named by TBVERBS_EMU_HOST (or the first host); -1 with message if unknown.

@@ -322,6 +322,10 @@ std::string default_state_dir(const std::string& key, const std::string& text) {
 
 }  // namespace
 
+std::unique_ptr<Fabric> parse_fabric_text(const std::string& text, const std::string& origin) {
+  return parse_fabric(text, origin);
+}
+
 const char* profile_name(Profile p) {
   switch (p) {
     case Profile::Thunderbolt: return "thunderbolt";

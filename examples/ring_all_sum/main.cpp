@@ -5,6 +5,7 @@
 // (MLX_RANK, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES work too, or --rank, --coordinator, --devices).
 // On the emulated fabric, N ranks on this machine:
 //   ./ring_all_sum --local 4 --size 64M
+#include "device_file.hpp"
 #include "launcher.hpp"
 #include "ring.hpp"
 
@@ -32,37 +33,11 @@
 
 namespace {
 
+using ring::kMaxBytes;
+using ring::parse_rank;
+using ring::parse_size;
+
 using ring::DType;
-
-// Largest buffer a rank may ask for: far above any real all_sum (1 GiB per rank is the issue's
-// bound), far below what overflows a size_t or the allocator (issue 9: a wrapped size crashed).
-constexpr std::size_t kMaxBytes = std::size_t{1} << 40;
-
-// "64M", "4K", "1G", "123" (bytes); nullopt for anything else or above kMaxBytes.
-std::optional<std::size_t> parse_size(std::string s) {
-  if (s.empty() || s.size() > 24) return std::nullopt;
-  std::size_t mult = 1;
-  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (last == 'B') {
-    s.pop_back();
-    if (s.empty()) return std::nullopt;
-  }
-  const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (unit == 'K' || unit == 'M' || unit == 'G') {
-    mult = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : std::size_t{1024} * 1024 * 1024;
-    s.pop_back();
-  }
-  if (s.empty() || s.size() > 15 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  const unsigned long long v = std::stoull(s);  // at most 15 digits: cannot throw
-  if (v > kMaxBytes / mult) return std::nullopt;
-  return static_cast<std::size_t>(v) * mult;
-}
-
-// A rank number from the environment: digits only ("one" is not rank 0).
-std::optional<int> parse_rank(const std::string& s) {
-  if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return std::stoi(s);
-}
 
 std::string human(std::size_t b) {
   char buf[32];
@@ -275,80 +250,21 @@ int run_rank(const Options& o) {
     if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the job's " + std::to_string(n) + " ranks");
   } else {
 
-  // The device file: a JSON matrix, [i][j] = rank i's device toward rank j (null on the diagonal),
-  // as JACCL reads it; or mlx.distributed_config's hostfile, {"hosts": [{"rdma": [row i]}, ...]}.
-  // An entry may be a list of devices, one per cable, and entry k on rank i and entry k on rank j
-  // are the same cable (as JACCL pairs them and exo writes them).
-  nlohmann::json m;
-  try {
+  // The device file (device_file.hpp: JACCL's matrix or mlx.distributed_config's hostfile).
+  std::string text;
+  {
     std::ifstream f(devices_path);
     if (!f) return config_error("cannot read the device file " + devices_path);
-    m = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    return config_error(devices_path + ": not valid JSON: " + e.what());
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
-  if (m.is_object() && m.contains("hosts") && m["hosts"].is_array()) {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const auto& h : m["hosts"]) {
-      if (!h.is_object() || !h.contains("rdma"))
-        return config_error(devices_path + ": every entry of \"hosts\" needs an \"rdma\" list");
-      rows.push_back(h["rdma"]);
-    }
-    m = std::move(rows);
-  }
-  if (!m.is_array() || m.size() < 2) return config_error(devices_path + ": expected a square matrix of at least 2 ranks");
-  n = static_cast<int>(m.size());
-  for (std::size_t k = 0; k < m.size(); ++k)
-    if (!m[k].is_array() || m[k].size() != m.size())
-      return config_error(devices_path + ": row " + std::to_string(k) + " is not a list of " + std::to_string(m.size()) +
-                          " entries: the device file must be a square matrix, one row and one column per rank");
-  if (n > 64) return config_error(devices_path + ": at most 64 ranks");
-  if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the device file's " + std::to_string(n) + " ranks");
-  const int left = (rank + n - 1) % n, right = (rank + 1) % n;
-  std::string entry_problem;
-  auto entry = [&](int peer) -> std::vector<std::string> {
-    const auto& row = m[static_cast<std::size_t>(rank)];
-    if (!row.is_array() || row.size() != static_cast<std::size_t>(n)) {
-      entry_problem = "row " + std::to_string(rank) + " is not a list of " + std::to_string(n) + " entries";
-      return {};
-    }
-    const auto& e = row[static_cast<std::size_t>(peer)];
-    std::vector<std::string> out;
-    if (e.is_string()) out.push_back(e.get<std::string>());
-    else if (e.is_array())
-      for (const auto& d : e) {
-        if (!d.is_string() || d.get<std::string>().empty()) {
-          entry_problem = "entry [" + std::to_string(rank) + "][" + std::to_string(peer) + "] lists something that is not a device name";
-          return {};
-        }
-        out.push_back(d.get<std::string>());
-      }
-    if (out.size() > 32) {
-      entry_problem = "entry [" + std::to_string(rank) + "][" + std::to_string(peer) + "] lists more than 32 cables";
-      return {};
-    }
-    return out;
-  };
+  std::string problem;
+  auto cables = ring::parse_device_file(text, rank, problem);
+  if (!cables) return config_error(devices_path + ": " + problem);
+  n = cables->ranks;
   cfg.rank = rank;
   cfg.size = n;
-  if (n == 2) {
-    // Both neighbours are the same rank: its cables are shared out, even entries carrying rank 0's
-    // rightward hop and odd entries rank 1's (entry k is one cable on both ranks, so both agree).
-    // One cable carries both hops (two QPs on one device).
-    const auto cables = entry(1 - rank);
-    std::vector<std::string> even, odd;
-    for (std::size_t k = 0; k < cables.size(); ++k) (k % 2 == 0 ? even : odd).push_back(cables[k]);
-    if (odd.empty()) odd = even;
-    cfg.right_devices = rank == 0 ? even : odd;
-    cfg.left_devices = rank == 0 ? odd : even;
-  } else {
-    cfg.right_devices = entry(right);
-    cfg.left_devices = entry(left);
-  }
-  if (!entry_problem.empty()) return config_error(devices_path + ": " + entry_problem);
-  if (cfg.right_devices.empty() || cfg.left_devices.empty())
-    return config_error(devices_path + ": rank " + std::to_string(rank) + " needs devices toward ranks " +
-                        std::to_string(left) + " and " + std::to_string(right) + " (a ring)");
+  cfg.left_devices = cables->left;
+  cfg.right_devices = cables->right;
   }
   cfg.rank = rank;
   cfg.size = n;
