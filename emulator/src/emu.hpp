@@ -211,7 +211,9 @@ struct ShmMr {
   uint32_t pd;
   uint32_t access;
   uint32_t device;
-  uint32_t pins;     // copies into the region under way (pin_region): dereg waits for them
+  uint32_t pins;     // copies into the region under way (RegionPins): dereg waits for them
+  int32_t pinner;    // the process that pinned it last: dereg stops waiting once it is gone
+  uint32_t pad;
   uint64_t addr;     // process virtual address of the region
   uint64_t iova;     // address the keys are used with (== addr unless reg_mr_iova)
   uint64_t length;
@@ -328,7 +330,7 @@ struct Shared {
   ShmCq cqs[kMaxCqs];
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550006ull;  // "TBVEMU" v6 (ShmQp::pid_start)
+constexpr uint64_t kMagic = 0x54425645'4d550007ull;  // "TBVEMU" v7 (ShmMr::pinner)
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);

@@ -3,6 +3,8 @@
 
 #include "emu.hpp"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -135,6 +137,7 @@ class RegionPins {
       __atomic_sub_fetch(&m->pins, 1u, __ATOMIC_SEQ_CST);
       return false;
     }
+    __atomic_store_n(&m->pinner, getpid(), __ATOMIC_RELAXED);
     pinned_[n_++] = m;
     return true;
   }

@@ -545,10 +545,17 @@ EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
     if (x.key == mr->lkey) __atomic_store_n(&x.key, 0u, __ATOMIC_SEQ_CST);
   }
   // Copies that pinned the region before its key went finish first (see RegionPins): after this
-  // returns nothing writes into the memory. Bounded, so a peer that died mid-copy (its pin never
-  // released) cannot hang us; its slot then stays out of use (find_free below).
+  // returns nothing writes into the memory. Not for a pinner that died mid-copy (it writes
+  // nothing more; its pin is never released, and the slot then stays out of use, see find_free
+  // below), and bounded, so a stopped one cannot hang us either.
   const int64_t until = now_ns() + 2'000'000'000;
-  while (__atomic_load_n(&x.pins, __ATOMIC_SEQ_CST) != 0 && now_ns() < until) sched_yield();
+  for (int64_t next_check = 0; __atomic_load_n(&x.pins, __ATOMIC_SEQ_CST) != 0 && now_ns() < until;) {
+    if (now_ns() >= next_check) {
+      if (!pid_alive(__atomic_load_n(&x.pinner, __ATOMIC_RELAXED))) break;
+      next_check = now_ns() + 1'000'000;
+    }
+    sched_yield();
+  }
   reinterpret_cast<EmuPd*>(mr->pd)->users.fetch_sub(1);
   delete m;
   return 0;
