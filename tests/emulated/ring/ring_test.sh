@@ -304,7 +304,8 @@ case "$CASE" in
     # directory) is a fabric whose cables do not follow the device naming, nor the rank order.
     n=$1; fabric=$2; order=$3; shift 3
     extra=()
-    [ "$fabric" != - ] && extra=(--fabric "$(dirname "$0")/fabrics/$fabric")
+    # (A copy as $FABRIC, so that cleanup() removes its emulator state with it.)
+    [ "$fabric" != - ] && cp "$(dirname "$0")/fabrics/$fabric" "$FABRIC" && extra=(--fabric "$FABRIC")
     run --local "$n" --no-device-file "${extra[@]}" "$@"
     [ $RC -eq 0 ] || fail "launcher exited $RC"
     expect "devices \(none: discovered\)"
@@ -318,7 +319,8 @@ case "$CASE" in
     # ends; nobody hangs.   discover_fail N FABRIC [ring args...] -- PATTERN...
     n=$1; fabric=$2; shift 2
     args=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done; [ $# -gt 0 ] && shift
-    run --local "$n" --no-device-file --fabric "$(dirname "$0")/fabrics/$fabric" "${args[@]}"
+    cp "$(dirname "$0")/fabrics/$fabric" "$FABRIC" || fail "no fabric $fabric"
+    run --local "$n" --no-device-file --fabric "$FABRIC" "${args[@]}"
     [ $RC -ne 0 ] || fail "launcher exited 0 on cables that make no ring"
     expect_not "HUNG"
     for pat in "$@"; do expect "$pat"; done
