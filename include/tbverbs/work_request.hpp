@@ -215,7 +215,7 @@ public:
 
 private:
   friend class QueuePair;
-  template <std::size_t N> friend class SendChain;
+  template <class, class, std::size_t> friend class WorkRequestChain;
   SendWr() noexcept = default;
   SendWr(std::uint64_t wr_id, const abi::ibv_sge& sge, abi::ibv_wr_opcode op) noexcept : wr_{} {
     wr_.wr_id = wr_id;
@@ -260,28 +260,30 @@ public:
 
 private:
   friend class QueuePair;
-  template <std::size_t N> friend class RecvChain;
+  template <class, class, std::size_t> friend class WorkRequestChain;
   RecvWr() noexcept = default;
   abi::ibv_recv_wr wr_{};
 };
 static_assert(sizeof(RecvWr) == sizeof(abi::ibv_recv_wr) && std::is_trivially_copyable_v<RecvWr>);
 
-/// Up to N send work requests posted together with one doorbell (QueuePair::post). Fixed
-/// capacity, no allocation. On a failed post the Error says how many of the chain were posted
-/// (`posted`) and the wr_id of the first that was not. Not thread-safe; reuse it after clear().
-template <std::size_t N> class SendChain {
+/// Up to N work requests (`Wr`: SendWr or RecvWr) posted together with one call and one doorbell
+/// (QueuePair::post): a window of sends, or of receive credits. Fixed capacity, no allocation. On
+/// a failed post the Error says how many of the chain were posted (`posted`) and the wr_id of the
+/// first that was not. Not thread-safe; reuse it after clear(). Spelled SendChain<N> and
+/// RecvChain<N>.
+template <class Wr, class Raw, std::size_t N> class WorkRequestChain {
 public:
   static_assert(N > 0, "a chain holds at least one request");
   /// An empty chain.
-  SendChain() noexcept = default;
+  WorkRequestChain() noexcept = default;
   /// Not copyable: its requests are linked to one another.
-  SendChain(const SendChain&) = delete;
+  WorkRequestChain(const WorkRequestChain&) = delete;
   /// Not copyable: its requests are linked to one another.
-  SendChain& operator=(const SendChain&) = delete;
-  ~SendChain() = default;
+  WorkRequestChain& operator=(const WorkRequestChain&) = delete;
+  ~WorkRequestChain() = default;
 
   /// Appends a copy of `wr`; false (nothing appended) when the chain is full.
-  [[nodiscard]] bool push(const SendWr& wr) noexcept {
+  [[nodiscard]] bool push(const Wr& wr) noexcept {
     if (size_ == N) return false;
     wrs_[size_] = wr;
     wrs_[size_++].wr_.next = nullptr;
@@ -294,16 +296,16 @@ public:
   /// Capacity.
   static constexpr std::size_t capacity() noexcept { return N; }
   /// Request `i` (i < size()).
-  const SendWr& operator[](std::size_t i) const noexcept { return wrs_[i]; }
+  const Wr& operator[](std::size_t i) const noexcept { return wrs_[i]; }
   /// Request `i` (i < size()), to change its flags.
-  SendWr& operator[](std::size_t i) noexcept { return wrs_[i]; }
+  Wr& operator[](std::size_t i) noexcept { return wrs_[i]; }
   /// Empties the chain.
   void clear() noexcept { size_ = 0; }
 
 private:
   friend class QueuePair;
   // Links the requests (wr.next) and returns the head; null when empty.
-  abi::ibv_send_wr* link() noexcept {
+  Raw* link() noexcept {
     if (size_ == 0) return nullptr;
     for (std::size_t i = 0; i + 1 < size_; ++i) wrs_[i].wr_.next = &wrs_[i + 1].wr_;
     wrs_[size_ - 1].wr_.next = nullptr;
@@ -312,54 +314,14 @@ private:
   void unlink() noexcept {
     for (std::size_t i = 0; i < size_; ++i) wrs_[i].wr_.next = nullptr;
   }
-  SendWr wrs_[N];
+  Wr wrs_[N];
   std::size_t size_ = 0;
 };
 
-/// Up to N receive work requests posted together (QueuePair::post): the usual way to post a
-/// window of receive credits. Fixed capacity, no allocation.
-template <std::size_t N> class RecvChain {
-public:
-  static_assert(N > 0, "a chain holds at least one request");
-  /// An empty chain.
-  RecvChain() noexcept = default;
-  /// Not copyable: its requests are linked to one another.
-  RecvChain(const RecvChain&) = delete;
-  /// Not copyable: its requests are linked to one another.
-  RecvChain& operator=(const RecvChain&) = delete;
-  ~RecvChain() = default;
-
-  /// Appends a copy of `wr`; false (nothing appended) when the chain is full.
-  [[nodiscard]] bool push(const RecvWr& wr) noexcept {
-    if (size_ == N) return false;
-    wrs_[size_] = wr;
-    wrs_[size_++].wr_.next = nullptr;
-    return true;
-  }
-  /// Requests in the chain.
-  std::size_t size() const noexcept { return size_; }
-  /// True when empty.
-  bool empty() const noexcept { return size_ == 0; }
-  /// Capacity.
-  static constexpr std::size_t capacity() noexcept { return N; }
-  /// Request `i` (i < size()).
-  const RecvWr& operator[](std::size_t i) const noexcept { return wrs_[i]; }
-  /// Empties the chain.
-  void clear() noexcept { size_ = 0; }
-
-private:
-  friend class QueuePair;
-  abi::ibv_recv_wr* link() noexcept {
-    if (size_ == 0) return nullptr;
-    for (std::size_t i = 0; i + 1 < size_; ++i) wrs_[i].wr_.next = &wrs_[i + 1].wr_;
-    wrs_[size_ - 1].wr_.next = nullptr;
-    return &wrs_[0].wr_;
-  }
-  void unlink() noexcept {
-    for (std::size_t i = 0; i < size_; ++i) wrs_[i].wr_.next = nullptr;
-  }
-  RecvWr wrs_[N];
-  std::size_t size_ = 0;
-};
+/// Up to N send work requests posted together (see WorkRequestChain).
+template <std::size_t N> using SendChain = WorkRequestChain<SendWr, abi::ibv_send_wr, N>;
+/// Up to N receive work requests posted together: the usual way to post a window of receive
+/// credits (see WorkRequestChain).
+template <std::size_t N> using RecvChain = WorkRequestChain<RecvWr, abi::ibv_recv_wr, N>;
 
 TBVERBS_NAMESPACE_END
