@@ -96,9 +96,11 @@ struct RingSchedule {
   Place user(std::size_t b, std::size_t e, bool input) const {
     return {(input || in_place) ? Place::input : Place::output, b * es, (e - b) * es, nullptr};
   }
-  // Where the receiving rank (staged or not) wants message j of direction d.
-  Place recv(int d, std::size_t j, bool staged) const {
-    const auto [b, e] = range(d, j, false);
+  // Where a receiving rank (staged or not) wants message j of direction d: this rank's receive
+  // (`sending` false), or its peer's receive of what this rank sends (`sending` true, the same
+  // elements: RDMA WRITE aims there).
+  Place recv(int d, std::size_t j, bool staged, bool sending = false) const {
+    const auto [b, e] = range(d, j, sending);
     if (b == e) return {};
     if (reduce_scatter(j / m) || staged) return {Place::scratch, recv_slot(d, j), (e - b) * es, nullptr};
     return user(b, e, false);
@@ -155,7 +157,7 @@ struct LatencySchedule {
   }
   // Sends come from the gather area (no staging): this rank's vector is copied there first.
   void start() const { std::memcpy(ring.scratch_.data() + own(), src, count * es); }
-  Place recv(int d, std::size_t j, bool) const {
+  Place recv(int d, std::size_t j, bool, bool = false) const {
     const auto [b, e] = piece(j);
     return {Place::scratch, area(d, j / m) + b * es, (e - b) * es, nullptr};
   }
@@ -291,7 +293,7 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
       // Into the exact place the peer's receive would have put it (see post_recv), the message
       // number as the immediate.
       const PeerTargets& pt = peer_[li];
-      const Place at = plan.recv(d, j, pt.staged);
+      const Place at = plan.recv(d, j, pt.staged, true);
       const RemoteRegions& regions = at.where == Place::scratch ? pt.scratch : at.where == Place::input ? pt.in : pt.out;
       auto to = at.len == 0 ? pt.scratch.at(pt.scratch.size - 4096, placeholder) : regions.at(at.off, at.len);
       if (!to) return fail(to.error());
