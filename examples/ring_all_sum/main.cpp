@@ -488,9 +488,10 @@ int run_rank(const Options& o) {
     if (o.csv) {
       std::printf("size_bytes,count,type,redop,place,time_us,algbw_gbps,busbw_gbps,wrong\n");
     } else {
-      std::printf("#\n# all_sum over %d ranks; %s; %s iterations per size, %d warm-up; time of the slowest rank\n", n,
-                  R.algorithm_rule().c_str(), o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)",
-                  o.warmup);
+      std::printf("#\n# all_sum over %d ranks; %s iterations per size, %d warm-up; time: the slowest rank's mean\n"
+                  "# algorithm %s\n",
+                  n, o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup,
+                  R.algorithm_rule().c_str());
       std::printf("#\n# %46s %-37s %s\n", "", "out-of-place", "in-place");
       std::printf("# %10s %12s %8s %5s %7s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
                   "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
