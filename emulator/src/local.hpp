@@ -125,6 +125,9 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc);
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only);
 // The extended QP API (verbs_ex.cpp): verbs_context.create_qp_ex.
 ibv_qp* emu_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// verbs_context.query_device_ex (verbs_ex.cpp).
+int emu_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                        size_t attr_size);
 void progress_all();
 bool any_pending();
 void forget_pending(EmuQp* q);

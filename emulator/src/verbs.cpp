@@ -219,9 +219,12 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_op;
   v.create_qp_ex = emu_create_qp_ex;
+  v.query_device_ex = emu_query_device_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
-  ctx.cmd_fd = -1;
+  // There is no kernel command channel, but programs treat cmd_fd as an fd (pyverbs dups it
+  // to import the context, which ibv_import_device then refuses): a quiet eventfd.
+  ctx.cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   // No asynchronous events are generated, but programs poll this fd, so make it real.
   ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ctx.num_comp_vectors = 1;
@@ -239,6 +242,7 @@ EMU_EXPORT int ibv_close_device(ibv_context* context) {
   if (!c) return EINVAL;
   if (int e = faulted(c, "ibv_close_device")) return e;
   if (c->v.context.async_fd >= 0) ::close(c->v.context.async_fd);
+  if (c->v.context.cmd_fd >= 0) ::close(c->v.context.cmd_fd);
   pthread_mutex_destroy(&c->v.context.mutex);
   delete c;
   return 0;
@@ -1199,7 +1203,10 @@ EMU_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP;
 EMU_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return IBV_REREG_MR_ERR_INPUT; }
+EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
+  errno = EOPNOTSUPP;  // re-registration is not modelled; callers read errno for why
+  return IBV_REREG_MR_ERR_INPUT;
+}
 
 EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
   // Never produces events: block (or EAGAIN) on the context's quiet eventfd.

@@ -3,6 +3,7 @@
 // exercise. A batch is collected between wr_start and wr_complete and then posted as one
 // ibv_send_wr chain through the ordinary data path, so both APIs share every check.
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <new>
 
@@ -138,6 +139,21 @@ uint64_t supported_send_ops(ibv_qp_type t) {
 }  // namespace
 
 namespace emu {
+
+// ibv_query_device_ex: rdma-core's inline falls back to ibv_query_device (and leaves every
+// extended field 0, phys_port_cnt_ex too) only for a provider without this op. Nothing the
+// extended attributes describe is modelled (ODP, TSO, RSS, device memory, timestamps,
+// packet pacing), so they stay 0 apart from the port count.
+int emu_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                        size_t attr_size) {
+  if (!attr || attr_size < sizeof attr->orig_attr) return EINVAL;
+  if (input && input->comp_mask) return EINVAL;
+  std::memset(attr, 0, attr_size);
+  if (int e = ibv_query_device(context, &attr->orig_attr)) return e;
+  if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof attr->phys_port_cnt_ex)
+    attr->phys_port_cnt_ex = attr->orig_attr.phys_port_cnt;
+  return 0;
+}
 
 ibv_qp* emu_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
