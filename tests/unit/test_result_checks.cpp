@@ -65,8 +65,12 @@ template <class F> ChildEnd run_in_child(F f) {
     end.err.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fds[0]);
-  // The child ends when its stderr closes; one that hung past the deadline is killed.
-  if (::waitpid(pid, &end.status, WNOHANG) == 0) {
+  // Its stderr closes while the child exits, a moment before it can be reaped: wait for that,
+  // up to the same deadline, then kill one that hung.
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &end.status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    ::usleep(1000);
+  if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &end.status, 0);
     FAIL("the child did not end within 20 s");
