@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -245,6 +246,14 @@ inline std::error_code make_error_code(ErrorKind k) noexcept {
 inline std::error_code Error::error_code() const noexcept {
   if (sys_errno != 0) return {sys_errno, std::generic_category()};
   return make_error_code(kind);
+}
+
+/// The whole report, as `message()` gives it.
+inline std::string to_string(const Error& e) { return e.message(); }
+/// Prints `e.message()`: `std::cerr << r.error() << "\n"`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Error& e) {
+  return os << e.message();
 }
 
 /// A failed Result holding `e`: `return fail(Error::from_errno(Step::alloc_pd));`.

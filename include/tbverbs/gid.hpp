@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,6 +99,14 @@ public:
 private:
   std::array<std::uint8_t, 16> raw_{};
 };
+
+/// IPv6 text of `g` ("::ffff:10.0.0.1"), as `g.to_string()`.
+inline std::string to_string(const Gid& g) { return g.to_string(); }
+/// Prints the IPv6 text of `g`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Gid& g) {
+  return os << g.to_string();
+}
 
 /// Dotted text of a host-order IPv4 address.
 inline std::string ipv4_to_string(std::uint32_t ipv4) {
@@ -202,6 +211,14 @@ private:
   detail::FixedString<64> device_;
   Platform platform_ = Platform::any;
 };
+
+/// "GID[1] ::ffff:10.0.0.1 RoCE v2 netdev eth0", as `s.describe()`.
+inline std::string to_string(const GidSelection& s) { return s.describe(); }
+/// Prints `s.describe()`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const GidSelection& s) {
+  return os << s.describe();
+}
 
 /// A snapshot of one port's whole GID table (length from the port: 1024 on Thunderbolt), keeping
 /// every entry's index, its type and netdev where the platform says them, and the port's link
