@@ -336,7 +336,7 @@ public:
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (entries_[i].is_ipv4_mapped() && entries_[i].ipv4() != 0)
         return make_selection(static_cast<int>(i), "first IPv4-mapped entry");
-    return fail(no_usable("no IPv4-mapped GID"));
+    return fail(no_usable({})); // the kind says "no IPv4-mapped GID"; the detail lists the entries
   }
 
   /// The IPv4-mapped entry for `ipv4` (host order): the address of the interface the bootstrap
@@ -350,7 +350,7 @@ public:
         if (types_[i] == GidType::roce_v2) break;
       }
     if (found >= 0) return make_selection(found, "entry matching the bootstrap IPv4 address");
-    Error e = no_usable("no GID for " + ipv4_to_string(ipv4));
+    Error e = no_usable("the address is " + ipv4_to_string(ipv4));
     e.kind = ErrorKind::gid_not_found;
     return fail(e);
   }
@@ -593,7 +593,7 @@ private:
       any = true;
       if (!g.is_link_local()) only_link_local = false;
     }
-    std::string why = what + ": " + summary();
+    std::string why = what.empty() ? summary() : what + ": " + summary();
     if (!any || only_link_local)
       why += " (only fe80:: entries: the interface behind this port has no IPv4 address)";
     Error e = Error::make(Step::select_gid, ErrorKind::no_ipv4_gid, why);
