@@ -629,10 +629,11 @@ inline constexpr Diagnosis gid_not_found{
 
 inline constexpr Diagnosis gid_index_invalid{
     "gid-index-invalid",
-    "The GID index given by the operator (TBVERBS_GID_INDEX) is out of range, empty, or not an "
-    "IPv4-mapped entry.",
+    "The GID index given by the operator (TBVERBS_GID_INDEX) is malformed, out of range, empty, not "
+    "an IPv4-mapped entry on Apple's driver, or another address than the bootstrap socket's.",
     "Unset `TBVERBS_GID_INDEX` to let tbverbs select, or use an index that "
-    "`ibv_devinfo -d <dev> -v | grep GID` shows as ::ffff:<IPv4>."};
+    "`ibv_devinfo -d <dev> -v | grep GID` shows as ::ffff:<IPv4>; with several NICs name each one "
+    "(`TBVERBS_GID_INDEX=mlx5_0:3,mlx5_1:3`)."};
 
 // ---- endpoints and profile limits ----------------------------------------------------------
 
