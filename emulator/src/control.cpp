@@ -330,10 +330,12 @@ EMU_EXPORT int tbemu_qp_count(const char* fabric, const char* host, const char* 
   return n;
 }
 
-EMU_EXPORT const char* tbemu_gc(int dry_run, int* count) {
+EMU_EXPORT const char* tbemu_gc(int dry_run, int* count) { return tbemu_gc_under(nullptr, dry_run, count); }
+
+EMU_EXPORT const char* tbemu_gc_under(const char* under, int dry_run, int* count) {
   static thread_local std::string report;
   report.clear();
-  const auto removed = collect_state_dirs(dry_run != 0, &report);
+  const auto removed = collect_state_dirs(dry_run != 0, &report, under ? under : "");
   if (count) *count = static_cast<int>(removed.size());
   return report.c_str();
 }

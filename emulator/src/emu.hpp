@@ -388,7 +388,7 @@ void collect_dead(Shared* s);
 // `tbverbs-emu gc`: removes this user's state directories in /dev/shm and /tmp whose fabric file
 // is gone (or, unrecorded, untouched for 10 minutes) and in which no live process has objects,
 // plus the ring launcher's empty ones. Returns them; `report` gets one line per directory.
-std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report);
+std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, const std::string& under = {});
 // PDs in use on a device (leaked ones included); whether any of them is leaked.
 // Caller holds shm->lock.
 uint32_t count_pds(const Shared* s, int device, bool* any_leaked = nullptr);
@@ -441,5 +441,7 @@ bool fault_sticky_loss(Fabric& f, int host);
 
 // Channel FIFO path for a completion channel id owned by pid.
 std::string channel_path(const Fabric& f, int32_t pid, uint32_t id);
+// Unlinks the channel FIFOs of processes that are gone (called when a channel is created).
+void remove_dead_channels(const Fabric& f);
 
 }  // namespace emu

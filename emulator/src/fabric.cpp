@@ -2,6 +2,7 @@
 #include "emu.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -731,7 +732,7 @@ void collect_dead(Shared* s) {
     if (m.key && !pid_alive(m.pid)) m.key = 0;
 }
 
-std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report) {
+std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, const std::string& under) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
   const std::string mine = "tbverbs-emu-" + std::to_string(getuid()) + "-";
@@ -752,8 +753,12 @@ std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report) {
       // state yet), only a directory untouched for 10 minutes counts as abandoned.
       std::string fabric;
       std::ifstream(dir + "/fabric") >> fabric;
-      const bool fabric_gone = !fabric.empty() ? (fabric != "(built-in)" && !fs::exists(fabric, ec))
-                                               : now - fs::last_write_time(dir, ec) > std::chrono::minutes(10);
+      // A fabric file under `under` counts as gone: its owner (a test tree's clean-up) is done with it.
+      const bool done_with = !under.empty() && !fabric.empty() && fabric.rfind(under, 0) == 0 &&
+                             (fabric.size() == under.size() || fabric[under.size()] == '/' || under.back() == '/');
+      const bool fabric_gone = done_with ||
+                               (!fabric.empty() ? (fabric != "(built-in)" && !fs::exists(fabric, ec))
+                                                : now - fs::last_write_time(dir, ec) > std::chrono::minutes(10));
       if (!fabric_gone) continue;
       // Any live process with objects in the state keeps it.
       bool live = false;
@@ -979,6 +984,22 @@ bool fault_sticky_loss(Fabric& f, int host) {
 
 std::string channel_path(const Fabric& f, int32_t pid, uint32_t id) {
   return f.state_dir + "/chan-" + std::to_string(pid) + "-" + std::to_string(id);
+}
+
+void remove_dead_channels(const Fabric& f) {
+  // A process killed before ibv_destroy_comp_channel leaves its FIFO behind (issue 9: they piled
+  // up until gc or reset). The name carries the owner's pid; a pid that is reused by a live
+  // process keeps its FIFO, which is harmless (nobody writes to it: its CQs are gone).
+  DIR* d = ::opendir(f.state_dir.c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    long pid = 0;
+    unsigned long id = 0;
+    char tail = 0;
+    if (std::sscanf(e->d_name, "chan-%ld-%lu%c", &pid, &id, &tail) != 2 || pid <= 0) continue;
+    if (!pid_alive(static_cast<int32_t>(pid))) ::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
 }
 
 }  // namespace emu

@@ -590,6 +590,7 @@ EMU_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   ch->fab = c->fab;
   ch->host = c->host;
   ch->path = channel_path(*c->fab, getpid(), ch->id);
+  remove_dead_channels(*c->fab);
   ::unlink(ch->path.c_str());
   // A FIFO, so a sender in another process can wake us by name. Opened read-write
   // so the open never blocks and the fd never sees EOF.

@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
   auto* gc = app.add_subcommand("gc", "Remove state directories whose fabric file and processes are gone");
   bool dry_run = false;
   gc->add_flag("--dry-run", dry_run, "only list what would be removed");
+  std::string gc_under;
+  gc->add_option("--fabrics-under", gc_under,
+                 "also remove the state of fabric files under this directory (they stay; their user is done)");
 
   std::string host, device, cidr;
   int port = 1;
@@ -245,7 +248,7 @@ int main(int argc, char** argv) {
   if (*reset) return check(tbemu_reset(fab()));
   if (*gc) {
     int n = 0;
-    std::fputs(tbemu_gc(dry_run ? 1 : 0, &n), stdout);
+    std::fputs(tbemu_gc_under(gc_under.empty() ? nullptr : gc_under.c_str(), dry_run ? 1 : 0, &n), stdout);
     std::printf("%s %d state director%s\n", dry_run ? "would remove" : "removed", n, n == 1 ? "y" : "ies");
     return 0;
   }

@@ -46,8 +46,14 @@ inline std::string ring_device_name(const std::string& profile, int c, bool righ
 /// the fabric's "quirks" object: the contested readings of Apple's driver the emulator plays.
 /// `profile` is the emulator's: thunderbolt (devices rdma_enN), or rdma-core-rc, rdma-core-roce,
 /// rdma-core-ib (devices mlx5_N; InfiniBand ports get no IPv4 address: IB has no IPv4 GID).
+/// A `link` with a bandwidth paces every cable direction (the emulator's link model, docs/emulator.md).
+struct LinkModel {
+  double gbytes_per_s = 0;  // 0: unpaced
+  double latency_us = 0;
+  bool paced() const { return gbytes_per_s > 0 || latency_us > 0; }
+};
 inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::string>& quirks = {},
-                                  const std::string& profile = "thunderbolt") {
+                                  const std::string& profile = "thunderbolt", const LinkModel& link = {}) {
   nlohmann::json hosts = nlohmann::json::array(), wires = nlohmann::json::array();
   auto ip = [](int c, int hop, int end) {
     return "10." + std::to_string(99 + c) + "." + std::to_string(hop) + "." + std::to_string(end) + "/30";
@@ -72,6 +78,7 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
       wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
                        "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
   nlohmann::json f = {{"profile", profile}, {"hosts", hosts}, {"cables", wires}};
+  if (link.paced()) f["link"] = {{"gbytes_per_s", link.gbytes_per_s}, {"latency_us", link.latency_us}};
   if (!quirks.empty()) {
     nlohmann::json q = nlohmann::json::object();
     for (const auto& kv : quirks) {
@@ -129,6 +136,7 @@ struct LocalOptions {
   std::vector<std::string> quirks;  // "name=value": readings of Apple's driver the emulator plays
   std::string profile = "thunderbolt";  // the emulator's profile of the generated fabric
   bool no_device_file = false;      // give the ranks no device file: they discover the cables
+  LinkModel link;                   // pacing of every cable direction of the generated fabric
 };
 
 struct RankProcess {
@@ -170,7 +178,7 @@ inline int run_local(const LocalOptions& o) {
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
-    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks, o.profile).dump(2) << "\n";
+    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks, o.profile, o.link).dump(2) << "\n";
   }
   const std::string devices = o.no_device_file ? std::string("(none: discovered)") : (dir / "devices.json").string();
   if (!o.no_device_file) std::ofstream(devices) << ring_devices(n, o.cables, o.profile).dump() << "\n";
@@ -187,6 +195,16 @@ inline int run_local(const LocalOptions& o) {
   std::printf("local ring of %d emulated hosts (profile %s, %d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
               n, o.fabric.empty() ? o.profile.c_str() : "of the fabric file", o.cables, o.cables == 1 ? "" : "s",
               quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(), fabric.c_str(), devices.c_str(), coordinator.c_str());
+  if (o.link.paced()) {
+    // The model the emulator plays, and what it allows: a ring all_sum keeps both directions of
+    // both cables of every rank busy at best, so its bus bandwidth is at most 2B.
+    if (!o.fabric.empty())
+      std::printf("link model: --link-gbps/--link-latency-us ignored: the fabric file %s has its own\n", o.fabric.c_str());
+    else
+      std::printf("link model: every cable direction paced at %g GB/s with %g us latency (a message of s bytes leaves "
+                  "s/B after the previous one on that direction and arrives L later); ideal ring busbw 2B = %g GB/s\n",
+                  o.link.gbytes_per_s, o.link.latency_us, 2 * o.link.gbytes_per_s);
+  }
   std::fflush(stdout);
 
   std::vector<RankProcess> ranks(static_cast<std::size_t>(n));

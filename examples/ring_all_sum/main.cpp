@@ -7,7 +7,7 @@
 //   ./ring_all_sum --local 4 --size 64M
 #include "device_file.hpp"
 #include "launcher.hpp"
-#include "ring.hpp"
+#include "algorithms.hpp"
 
 #include <tbverbs/topology.hpp>
 
@@ -188,15 +188,17 @@ struct Options {
   int local = 0;
   int rank = -1;
   std::string coordinator, devices, library, emu_library = TBVERBS_RING_EMU_LIBRARY;
-  std::string size = "64M", max_size, dtype = "float32", place = "out";
+  std::string size = "64M", max_size, dtype = "float32", place = "both";
   std::vector<std::size_t> counts;
+  int factor = 2;
   int iters = 0, warmup = 1;
   std::string message = "256K";
   int window = 8;
   int timeout_ms = 30000, gid_wait_ms = 1000;
   bool csv = false, quiet = false, keep = false, no_device_file = false, explain = false;
   int ranks = 0;
-  std::string fabric, write_fabric, memory = "auto", transport = "auto";
+  std::string fabric, write_fabric, memory = "auto", transport = "auto", algorithm = "auto";
+  double link_gbps = 0, link_latency_us = 0;
   std::vector<std::string> quirks;
   std::string profile = "thunderbolt";
   int cables = 1;
@@ -281,6 +283,10 @@ int run_rank(const Options& o) {
   else if (o.transport == "send") cfg.transport = ring::Transport::send;
   else if (o.transport == "write") cfg.transport = ring::Transport::write;
   else return config_error("--transport must be auto, send or write");
+  if (o.algorithm == "auto") cfg.algorithm = ring::Algorithm::automatic;
+  else if (o.algorithm == "ring") cfg.algorithm = ring::Algorithm::ring;
+  else if (o.algorithm == "latency") cfg.algorithm = ring::Algorithm::latency;
+  else return config_error("--algorithm must be auto, ring or latency");
   cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
   cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
   cfg.log = [&, rank](const std::string& s) {
@@ -327,9 +333,11 @@ int run_rank(const Options& o) {
     if (!lo || !hi || *lo == 0 || *hi < *lo)
       return config_error("--size/--max-size: sizes like 4K, 64M, 1G, from 1 byte to " + std::to_string(kMaxBytes) +
                           " (a number alone is bytes; K, M and G are 1024-based)");
-    for (std::size_t s = *lo; s <= *hi; s *= 2) {  // *hi <= kMaxBytes: the doubling cannot wrap
+    if (o.factor < 2 || o.factor > 1024) return config_error("--factor must be 2..1024");
+    const auto f = static_cast<std::size_t>(o.factor);
+    for (std::size_t s = *lo; s <= *hi; s *= f) {  // *hi <= kMaxBytes: the multiplication cannot wrap
       sizes.push_back(s);
-      if (s > *hi / 2) break;
+      if (s > *hi / f) break;
     }
   }
   std::size_t max_bytes = 0;
@@ -415,71 +423,120 @@ int run_rank(const Options& o) {
   }
   ring::Ring& R = **ringp;
 
+  cfg.log("algorithm " + R.algorithm_rule());
+
+  // The results in the conventions of nccl-tests (rank 0 prints them): one row per (type, size),
+  // out-of-place and in-place side by side, or with --csv one line per run.
+  struct Run {
+    bool done = false;
+    double us = 0, algbw = 0, busbw = 0;
+    std::uint64_t wrong = 0;
+  };
+  // One verified and timed all_sum; returns the launcher's exit code on failure.
+  auto run_one = [&](DType t, std::size_t count, bool in_place, Run& res) -> int {
+    const std::size_t bytes = count * ring::dtype_size(t);
+    int iters = o.iters;
+    if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
+    void* in = R.input().data();
+    void* out = in_place ? in : R.output().data();
+    const std::string what = " (" + human(bytes) + " " + ring::dtype_name(t) + ", " +
+                             ring::algorithm_name(R.choose(bytes)) + ")";
+    // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check),
+    //    a barrier of every rank before the first send.
+    fill(t, rank, in, count);
+    if (!in_place) std::memset(out, 0xff, bytes);
+    if (auto r = R.all_sum(count, t, in_place, [&] { return sc->barrier(); }); !r)
+      return fail_rank(rank, R.where() + what, r.error(), &*sc);
+    const std::size_t bad = check(t, rank, n, out, count);
+    // 2. Timed runs, back to back as nccl-tests times them: between two all_sums a rank only
+    //    tells its two neighbours that its receives are posted. In place, each run sums the
+    //    previous sums (integers wrap, floats grow): same work, checked in step 1.
+    auto neighbours = [&] { return R.neighbours_posted(); };
+    for (int it = 0; it < o.warmup; ++it)
+      if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
+        return fail_rank(rank, R.where() + what, r.error(), &*sc);
+    if (auto b = sc->barrier(); !b) return fail_rank(rank, "the barrier before the timed runs", b.error(), &*sc);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < iters; ++it)
+      if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
+        return fail_rank(rank, R.where() + what, r.error(), &*sc);
+    const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Every rank's verdict and time, so rank 0's summary covers the whole job: the slowest
+    // rank's time, the wrong elements of all.
+    std::byte mine[16];
+    std::uint64_t bad64 = bad, ns = static_cast<std::uint64_t>(total_s * 1e9);
+    std::memcpy(mine, &bad64, 8);
+    std::memcpy(mine + 8, &ns, 8);
+    auto all = sc->all_gather(mine);
+    if (!all) return fail_rank(rank, "gathering the results", all.error(), &*sc);
+    std::uint64_t ns_max = 0;
+    for (int k = 0; k < n; ++k) {
+      std::uint64_t b = 0, u = 0;
+      std::memcpy(&b, (*all)[static_cast<std::size_t>(k)].data(), 8);
+      std::memcpy(&u, (*all)[static_cast<std::size_t>(k)].data() + 8, 8);
+      res.wrong += b;
+      ns_max = std::max(ns_max, u);
+    }
+    const double sec = static_cast<double>(ns_max) * 1e-9 / iters;
+    res.done = true;
+    res.us = sec * 1e6;
+    res.algbw = sec > 0 ? static_cast<double>(bytes) / sec / 1e9 : 0;
+    res.busbw = res.algbw * 2.0 * (n - 1) / n;  // nccl-tests' bus bandwidth of all_reduce
+    return 0;
+  };
+  if (rank == 0) {
+    if (o.csv) {
+      std::printf("size_bytes,count,type,redop,place,time_us,algbw_gbps,busbw_gbps,wrong\n");
+    } else {
+      std::printf("#\n# all_sum over %d ranks; %s iterations per size, %d warm-up; time: the slowest rank's mean\n"
+                  "# algorithm %s\n",
+                  n, o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup,
+                  R.algorithm_rule().c_str());
+      std::printf("#\n# %46s %-37s %s\n", "", "out-of-place", "in-place");
+      std::printf("# %10s %12s %8s %5s %7s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
+                  "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+      std::printf("# %10s %12s %8s %5s %7s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "",
+                  "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    }
+    std::fflush(stdout);
+  }
   int exit_code = 0;
+  double busbw_sum = 0;
+  int busbw_runs = 0;
+  std::uint64_t wrong_total = 0;
   for (DType t : types)
-    for (bool in_place : places)
-      for (std::size_t s : sizes) {
-        const std::size_t es = ring::dtype_size(t);
-        const std::size_t count = by_count ? s : std::max<std::size_t>(1, s / es);
-        const std::size_t bytes = count * es;
-        int iters = o.iters;
-        if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
-        void* in = R.input().data();
-        void* out = in_place ? in : R.output().data();
-        const std::string what = " (" + human(bytes) + " " + ring::dtype_name(t) + ")";
-        // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check),
-        //    a barrier of every rank before the first send.
-        fill(t, rank, in, count);
-        if (!in_place) std::memset(out, 0xff, bytes);
-        if (auto r = R.all_sum(count, t, in_place, [&] { return sc->barrier(); }); !r)
-          return fail_rank(rank, R.where() + what, r.error(), &*sc);
-        const std::size_t bad = check(t, rank, n, out, count);
-        // 2. Timed runs, back to back as nccl-tests times them: between two all_sums a rank only
-        //    tells its two neighbours that its receives are posted. In place, each run sums the
-        //    previous sums (integers wrap, floats grow): same work, checked in step 1.
-        auto neighbours = [&] { return R.neighbours_posted(); };
-        for (int it = 0; it < o.warmup; ++it)
-          if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
-            return fail_rank(rank, R.where() + what, r.error(), &*sc);
-        if (auto b = sc->barrier(); !b) return fail_rank(rank, "the barrier before the timed runs", b.error(), &*sc);
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int it = 0; it < iters; ++it)
-          if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
-            return fail_rank(rank, R.where() + what, r.error(), &*sc);
-        const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        // Every rank's verdict and time, so rank 0's summary covers the whole job.
-        std::byte mine[16];
-        std::uint64_t bad64 = bad, us = static_cast<std::uint64_t>(total_s * 1e6);
-        std::memcpy(mine, &bad64, 8);
-        std::memcpy(mine + 8, &us, 8);
-        auto all = sc->all_gather(mine);
-        if (!all) return fail_rank(rank, "gathering the results", all.error(), &*sc);
-        std::uint64_t bad_total = 0, us_max = 0;
-        std::string bad_ranks;
-        for (int k = 0; k < n; ++k) {
-          std::uint64_t b = 0, u = 0;
-          std::memcpy(&b, (*all)[static_cast<std::size_t>(k)].data(), 8);
-          std::memcpy(&u, (*all)[static_cast<std::size_t>(k)].data() + 8, 8);
-          bad_total += b;
-          us_max = std::max(us_max, u);
-          if (b) bad_ranks += (bad_ranks.empty() ? "" : ", ") + std::to_string(k);
-        }
-        const double sec = static_cast<double>(us_max) * 1e-6 / iters;
-        const double algbw = sec > 0 ? static_cast<double>(bytes) / sec / 1e9 : 0;
-        const double busbw = algbw * 2.0 * (n - 1) / n;
-        if (bad) exit_code = 3;
-        if (rank == 0) {
-          std::printf("all_sum %s (%zu x %s) ranks=%d %s: %d iters, %.3f ms, algbw %.3f GB/s, busbw %.3f GB/s: %s\n",
-                      human(bytes).c_str(), count, ring::dtype_name(t), n, in_place ? "in-place" : "out-of-place", iters,
-                      sec * 1e3, algbw, busbw,
-                      bad_total == 0 ? "verified" : ("MISMATCH on rank(s) " + bad_ranks).c_str());
-          if (o.csv)
-            std::printf("csv,%d,%zu,%s,%d,%d,%.3f,%.4f,%.4f,%s\n", n, bytes, ring::dtype_name(t), in_place ? 1 : 0, iters,
-                        sec * 1e6, algbw, busbw, bad_total == 0 ? "ok" : "mismatch");
-          std::fflush(stdout);
-        }
-        if (bad_total != 0 && exit_code == 0) exit_code = 3;
+    for (std::size_t s : sizes) {
+      const std::size_t es = ring::dtype_size(t);
+      const std::size_t count = by_count ? s : std::max<std::size_t>(1, s / es);
+      const std::size_t bytes = count * es;
+      Run res[2];  // out of place, in place
+      for (bool in_place : places) {
+        Run& r = res[in_place ? 1 : 0];
+        if (const int rc = run_one(t, count, in_place, r); rc != 0) return rc;
+        busbw_sum += r.busbw;
+        ++busbw_runs;
+        wrong_total += r.wrong;
+        if (r.wrong != 0) exit_code = 3;
+        if (rank == 0 && o.csv)
+          std::printf("%zu,%zu,%s,sum,%s,%.3f,%.6f,%.6f,%" PRIu64 "\n", bytes, count, ring::dtype_name(t),
+                      in_place ? "in" : "out", r.us, r.algbw, r.busbw, r.wrong);
       }
+      if (rank == 0 && !o.csv) {
+        std::printf("  %10zu %12zu %8s %5s %7s", bytes, count, ring::dtype_name(t), "sum", ring::algorithm_name(R.choose(bytes)));
+        for (const Run& r : res) {
+          if (r.done) std::printf(" %10.1f %8.3f %8.3f %6" PRIu64, r.us, r.algbw, r.busbw, r.wrong);
+          else std::printf(" %10s %8s %8s %6s", "-", "-", "-", "-");
+        }
+        std::printf("\n");
+      }
+      if (rank == 0) std::fflush(stdout);
+    }
+  if (rank == 0 && !o.csv) {
+    std::printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total, wrong_total == 0 ? "OK" : "WRONG");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s (mean of the %d runs above)\n#\n",
+                busbw_runs > 0 ? busbw_sum / busbw_runs : 0.0, busbw_runs);
+    std::fflush(stdout);
+  }
   if (auto b = sc->barrier(); !b) return fail_rank(rank, "the final barrier", b.error(), &*sc);
   for (const std::string& line : R.traffic()) cfg.log(line);
   return exit_code;
@@ -496,14 +553,15 @@ int main(int argc, char** argv) {
   app.add_option("--devices", o.devices, "JACCL-style device file (default: $JACCL_IBV_DEVICES or $MLX_IBV_DEVICES)");
   app.add_option("--library", o.library, "verbs library to load (default: $TBVERBS_LIBRARY, then the platform's)");
   app.add_option("--emu-library", o.emu_library, "emulated verbs library for --local")->capture_default_str();
-  app.add_option("--size", o.size, "bytes per rank, e.g. 4K, 64M")->capture_default_str();
-  app.add_option("--max-size", o.max_size, "sweep: double the size up to this");
+  app.add_option("-b,--size", o.size, "bytes per rank, e.g. 4K, 64M (the first of a sweep)")->capture_default_str();
+  app.add_option("-e,--max-size", o.max_size, "sweep: multiply the size by --factor up to this");
+  app.add_option("-f,--factor", o.factor, "sweep: the factor between sizes")->capture_default_str();
   app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
       ->delimiter(',');
   app.add_option("--dtype", o.dtype, "float32, float64, int32, int64, float16, bfloat16 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
-  app.add_option("--iters", o.iters, "timed iterations per size (default: by size)");
-  app.add_option("--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per size (default: by size)");
+  app.add_option("-w,--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
   app.add_option("--message-bytes", o.message, "largest message (whole 4 KiB frames)")->capture_default_str();
   app.add_option("--window", o.window, "messages in flight per direction")->capture_default_str();
   app.add_option("--memory", o.memory,
@@ -514,9 +572,15 @@ int main(int argc, char** argv) {
                  "auto, send (SEND/RECV) or write (RDMA WRITE with immediate into the peer's buffer; RC only, "
                  "SEND/RECV on Thunderbolt); auto takes the one measured faster on the emulator")
       ->capture_default_str();
+  app.add_option("--algorithm", o.algorithm,
+                 "auto, ring (reduce-scatter + all-gather, both directions) or latency (every vector floor(n/2) hops "
+                 "both ways, summed locally); auto takes latency up to the measured crossover")
+      ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
   app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
-  app.add_flag("--csv", o.csv, "also print a csv line per run (rank 0)");
+  app.add_flag("--csv", o.csv,
+               "print the results as CSV (rank 0): a header line size_bytes,count,type,redop,place,time_us,"
+               "algbw_gbps,busbw_gbps,wrong and one line per run, instead of the table");
   app.add_flag("--quiet", o.quiet, "no set-up lines");
   app.add_flag("--no-device-file", o.no_device_file,
                "discover which device faces which rank from the ports' subnets (one /30 per cable), as happens "
@@ -533,6 +597,9 @@ int main(int argc, char** argv) {
                  "e.g. empty_rq=drop, macos=26.2, mr_access=remote_required, completion_channels=on");
   app.add_option("--cables", o.cables, "--local: cables between neighbours (each one carries traffic)")
       ->capture_default_str();
+  app.add_option("--link-gbps", o.link_gbps,
+                 "--local: pace every cable direction at this bandwidth (GB/s = 10^9 bytes/s; 0: unpaced)");
+  app.add_option("--link-latency-us", o.link_latency_us, "--local: and deliver each message this many us later");
   app.add_option("--profile", o.profile,
                  "--local: the emulated NICs: thunderbolt (Apple's driver, UC), rdma-core-rc, rdma-core-roce (mlx5: "
                  "RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); see docs/rdma-core.md")
@@ -549,8 +616,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--cables must be 1..16\n");
       return 2;
     }
+    if (!(o.link_gbps >= 0 && o.link_gbps <= 1e4) || !(o.link_latency_us >= 0 && o.link_latency_us <= 1e7)) {
+      std::fprintf(stderr, "--link-gbps must be 0..10000 GB/s and --link-latency-us 0..10000000\n");
+      return 2;
+    }
+    const ring::LinkModel link{o.link_gbps, o.link_latency_us};
     if (!o.write_fabric.empty()) {
-      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks, o.profile).dump(2) << "\n";
+      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks, o.profile, link).dump(2) << "\n";
       std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
       return 0;
     }
@@ -574,19 +646,22 @@ int main(int argc, char** argv) {
     lo.quirks = o.quirks;
     lo.profile = o.profile;
     lo.no_device_file = o.no_device_file;
+    lo.link = link;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto takes_value = [&](const char* name) { return a == name; };
       if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") || takes_value("--stop-rank") ||
           takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric") ||
-          takes_value("--quirk") || takes_value("--cables") || takes_value("--profile")) {
+          takes_value("--quirk") || takes_value("--cables") || takes_value("--profile") || takes_value("--link-gbps") ||
+          takes_value("--link-latency-us")) {
         ++i;
         continue;
       }
       if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
           a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
-          a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0 || a.rfind("--profile=", 0) == 0)
+          a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0 || a.rfind("--profile=", 0) == 0 ||
+          a.rfind("--link-gbps=", 0) == 0 || a.rfind("--link-latency-us=", 0) == 0)
         continue;
       lo.args.push_back(a);
     }

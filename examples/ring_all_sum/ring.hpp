@@ -1,27 +1,12 @@
-// A ring all_sum on tbverbs: the collective backend this example is about.
+// A ring all_sum on tbverbs: the collective backend this example is about. This file sets the ring
+// up (devices, links, buffers); algorithms.hpp holds the all_sum algorithms that run on it.
 //
 // Every rank has links to its right neighbour (rank + 1) and to its left one (rank - 1), one per
 // cable (usually Thunderbolt ports; a device file may list several cables per neighbour). The
-// buffer is cut into `size` chunks; each chunk is cut in two halves that travel the ring in
-// opposite directions, so both directions of every cable are busy at once. Each half is cut again
-// into pieces ("messages") of at most `message_bytes`, and up to `window` messages per direction
-// are in flight, with receives posted ahead as credits. Message j of a direction travels on cable
-// j mod k of its hop (k cables): every listed cable carries traffic, in both directions.
-//
-// Reduce-scatter (size - 1 steps) then all-gather (size - 1 steps). In direction R (rightwards)
-// rank r sends chunk (r - s) and receives chunk (r - s - 1) at reduce-scatter step s; direction L
-// mirrors it. A piece received during reduce-scatter lands in a scratch slot and is added into the
-// output at once (overlapping the next pieces' transfer); during all-gather pieces land straight in
-// the output (registered memory) or in a scratch slot and are copied out (staged memory).
-//
-// Credits without extra messages: on every cable both directions carry the same sequence of
-// messages (the same step and piece numbers), so message j from the peer proves that the peer had
-// posted its receives for my messages up to j + window before it sent it. A rank therefore sends its
-// message j only after receiving the peer's message j - window, and posts its receives for the
-// peer's messages up to j + window before sending its message j. Dependencies always point to
-// smaller message numbers, so the schedule cannot deadlock, and no send ever meets an empty receive
-// queue (which kills the direction on Apple's driver under one reading, and is held by credit-based
-// flow control under another: the ring is correct under both).
+// algorithms send messages of at most `message_bytes` in both directions of the ring at once, up to
+// `window` messages per direction in flight, with receives posted ahead as credits. Message j of a
+// direction travels on cable j mod k of its hop (k cables): every listed cable carries traffic, in
+// both directions.
 //
 // Memory within Apple's limits (max_mr_size 16,384,000 bytes, about 100 regions per device):
 // registered mode registers the user buffers as region sets (tbverbs::MemoryRegionSet: regions of at most
@@ -85,6 +70,22 @@ struct TransportMeasurement {
 };
 inline constexpr TransportMeasurement measured_on_emulator{2.43, 2.42};
 
+/// Which all_sum algorithm runs (algorithms.hpp): `automatic` takes the latency-optimal one up to the
+/// measured crossover and the bandwidth-optimal ring above it.
+enum class Algorithm { automatic, ring, latency };
+inline const char* algorithm_name(Algorithm a) {
+  switch (a) {
+  case Algorithm::automatic: return "auto";
+  case Algorithm::ring: return "ring";
+  case Algorithm::latency: return "latency";
+  }
+  return "?";
+}
+
+/// The latency algorithm's largest sum, and the most scratch its gather area takes (see allocate()).
+inline constexpr std::size_t kLatencyMaxBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kGatherMaxBytes = std::size_t{16} << 20;
+
 /// How the ring is set up.
 struct Config {
   int rank = 0;
@@ -99,6 +100,7 @@ struct Config {
   int window = 8;                          // messages in flight per direction
   Memory memory = Memory::automatic;
   Transport transport = Transport::automatic;
+  Algorithm algorithm = Algorithm::automatic;
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds gid_wait{1000};  // how long to wait for an IPv4-mapped GID to appear
   std::function<void(const std::string&)> log;  // progress lines
@@ -190,10 +192,16 @@ public:
   const std::string& where() const { return where_; }
 
   /// Sums `count` elements of `t` over all ranks: from input() into output(), or in place in
-  /// input(). Every rank calls it with the same arguments. `before_start` runs after this rank's
-  /// receives are posted and must not return before both neighbours have posted theirs: a barrier
-  /// of every rank, or neighbours_posted().
+  /// input(), with the algorithm choose() names for its size. Every rank calls it with the same
+  /// arguments. `before_start` runs after this rank's receives are posted and must not return
+  /// before both neighbours have posted theirs: a barrier of every rank, or neighbours_posted().
   Result<void> all_sum(std::size_t count, DType t, bool in_place, const std::function<Result<void>()>& before_start);
+  /// The algorithm all_sum runs for a sum of `bytes` per rank (never `automatic`).
+  Algorithm choose(std::size_t bytes) const;
+  /// The largest sum the latency algorithm can take (its gather area in the scratch buffer).
+  std::size_t latency_max_bytes() const { return latency_max_; }
+  /// One line saying how choose() decides (the set-up lines print it).
+  std::string algorithm_rule() const;
 
 private:
   Ring(tbverbs::SideChannel& sc, Config cfg) : sc_(sc), mailbox_(sc), cfg_(std::move(cfg)) {
@@ -214,6 +222,11 @@ private:
   Result<void> allocate(std::size_t max_bytes);
   Result<void> connect();
   Result<void> exchange_targets();
+
+  // The engine every algorithm runs on (algorithms.hpp), and the algorithms' schedules.
+  template <class Schedule> Result<void> pipeline(Schedule& plan, const std::function<Result<void>()>& before_start);
+  friend struct RingSchedule;
+  friend struct LatencySchedule;
 
   // Where link i of the flat list sits: its side (0 left, 1 right), its cable index on that side,
   // and its device.
@@ -238,6 +251,11 @@ private:
   std::vector<PeerTargets> peer_;    // write_: per link, where its peer wants our messages
   std::size_t slot_bytes_ = 0;  // bytes of one scratch slot (the largest message at set-up)
   std::size_t slots_ = 0;       // scratch slots per direction (2 x window)
+  // Scratch layout: receive slots (both directions), the latency algorithm's gather area (its own
+  // vector and floor(n/2) received ones per direction, latency_max_ bytes each), in staged mode the
+  // send slots, and one page for the placeholder of empty messages. Receive slots and gather area
+  // are at the same offsets on every rank (RDMA WRITE aims at them); the send slots are local.
+  std::size_t gather_off_ = 0, latency_max_ = 0, send_slots_off_ = 0, placeholder_off_ = 0;
   std::uint32_t epoch_ = 0;
   std::string where_;
   int pos_ = 0;              // this rank's position in the ring order
@@ -403,9 +421,17 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   };
   if (auto s = alloc(in_, max_bytes); !s) return s;
   if (auto s = alloc(out_, max_bytes); !s) return s;
-  // Scratch: per direction, `slots_` receive slots (and in staged mode as many send slots) of one
-  // message each, plus one page at the end for the placeholder of empty messages.
-  auto scratch_bytes = [&](bool staged) { return (staged ? 4 : 2) * slots_ * slot_bytes_ + 4096; };
+  // Scratch (the layout is described at slots_): per direction `slots_` receive slots of one
+  // message, the gather area, in staged mode as many send slots per direction, one page for the
+  // placeholder. The gather area holds 1 + 2 floor(n/2) vectors of the latency algorithm's largest
+  // sum: at most 1 MiB each and 16 MiB in all, so that it stays a few regions at any ring size
+  // (that algorithm only wins for small sums: algorithms.hpp).
+  const std::size_t vectors = 1 + 2 * static_cast<std::size_t>(cfg_.size / 2);
+  latency_max_ = std::min({max_bytes, kLatencyMaxBytes, kGatherMaxBytes / vectors});
+  latency_max_ = std::max(tbverbs::frame_bytes, (latency_max_ + tbverbs::frame_bytes - 1) / tbverbs::frame_bytes * tbverbs::frame_bytes);
+  gather_off_ = 2 * slots_ * slot_bytes_;
+  send_slots_off_ = gather_off_ + vectors * latency_max_;
+  auto scratch_bytes = [&](bool staged) { return send_slots_off_ + (staged ? 2 * slots_ * slot_bytes_ : 0) + 4096; };
 
   // The regions each mode needs on each device, counted before anything is registered, against
   // the device's max_mr less what is registered already and one region per link's warm-up.
@@ -464,6 +490,7 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
     p->pd.emplace(std::move(*pd));
   }
   if (auto s = alloc(scratch_, scratch_bytes(staged_)); !s) return s;
+  placeholder_off_ = scratch_.size() - 4096;  // its last page, as the peers find it (RDMA WRITE)
   for (auto& p : ports_) {
     auto need = regions(*p, staged_);
     if (!need) return fail(need.error());
@@ -670,311 +697,6 @@ inline Result<void> Ring::exchange_targets() {
                 (left_ == right_ ? "rank " + std::to_string(left_)
                                  : "ranks " + std::to_string(left_) + " and " + std::to_string(right_)) +
                 " (scratch slots" + (staged_ ? "" : ", input and output buffers") + ", addresses and rkeys)");
-  return {};
-}
-
-inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
-                                  const std::function<Result<void>()>& before_start) {
-  using clock = std::chrono::steady_clock;
-  const int n = cfg_.size, r = pos_;  // the chunk schedule runs over ring positions
-  const std::size_t es = dtype_size(t);
-  const std::size_t W = static_cast<std::size_t>(cfg_.window);
-  const std::size_t S = slots_;  // scratch slots per direction
-  const std::size_t pe = std::max<std::size_t>(1, cfg_.message_bytes / es);  // elements per message
-  auto chunk_begin = [&](int c) { return count * static_cast<std::size_t>(c) / static_cast<std::size_t>(n); };
-  const std::size_t max_chunk = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
-  const std::size_t max_half = (max_chunk + 1) / 2;
-  const std::size_t m = std::max<std::size_t>(1, (max_half + pe - 1) / pe);  // messages per half-chunk
-  const std::size_t steps = 2 * static_cast<std::size_t>(n - 1);
-  const std::size_t T = steps * m;  // messages per direction
-  if (count * es > in_.size())
-    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                            std::to_string(count * es) + " bytes exceed the ring's buffers of " +
-                                std::to_string(in_.size())));
-
-  std::byte* const src = in_.data();                           // this rank's contribution
-  std::byte* const dst = in_place ? in_.data() : out_.data();  // the result
-
-  // Element range [b, e) of message j in direction d (0 = R, 1 = L), as sent (send) or received.
-  auto mod = [n](long long x) { return static_cast<int>(((x % n) + n) % n); };
-  auto chunk_of = [&](int d, std::size_t step, bool sending) {
-    const long long s = static_cast<long long>(step);
-    const bool rs = step < static_cast<std::size_t>(n - 1);
-    const long long sp = s - (n - 1);
-    if (d == 0) return sending ? (rs ? mod(r - s) : mod(r + 1 - sp)) : (rs ? mod(r - s - 1) : mod(r - sp));
-    return sending ? (rs ? mod(r + s) : mod(r - 1 + sp)) : (rs ? mod(r + s + 1) : mod(r + sp));
-  };
-  struct Range {
-    std::size_t b, e;
-  };
-  auto range = [&](int d, std::size_t j, bool sending) {
-    const int c = chunk_of(d, j / m, sending);
-    const std::size_t cb = chunk_begin(c), ce = chunk_begin(c + 1);
-    const std::size_t mid = cb + (ce - cb + 1) / 2;
-    const std::size_t hb = d == 0 ? cb : mid, he = d == 0 ? mid : ce;
-    const std::size_t k = j % m;
-    const std::size_t b = std::min(he, hb + k * pe), e = std::min(he, hb + (k + 1) * pe);
-    return Range{b, e};
-  };
-
-  // Direction d is received on side d's cables (R arrives from the left) and sent on side 1 - d's;
-  // message j uses cable j mod k of that side. Per cable, messages complete in order, so each
-  // direction keeps, per cable, the next message it expects; the lowest over the cables is the
-  // prefix of messages all received (or, for sends, all completed).
-  const std::size_t k[2] = {cables_[0].size(), cables_[1].size()};
-  auto link_of = [&](int side, std::size_t j) -> std::size_t { return first_[side] + j % k[side]; };
-  constexpr std::size_t max_cables = 64;
-  std::size_t posted[2] = {0, 0}, sent[2] = {0, 0};
-  std::size_t recv_next[2][max_cables], send_next[2][max_cables];
-  for (int d = 0; d < 2; ++d) {
-    for (std::size_t c = 0; c < k[d]; ++c) recv_next[d][c] = c;
-    for (std::size_t c = 0; c < k[1 - d]; ++c) send_next[d][c] = c;
-  }
-  auto prefix = [&](const std::size_t (&next)[max_cables], std::size_t cables) {
-    std::size_t p = T;
-    for (std::size_t c = 0; c < cables; ++c) p = std::min(p, next[c]);
-    return p;
-  };
-  std::size_t received[2] = {0, 0}, send_done[2] = {0, 0};  // the prefixes
-
-  auto is_rs = [&](std::size_t j) { return j / m < static_cast<std::size_t>(n - 1); };
-  // An empty piece (fewer elements than ranks, or uneven halves) still travels, so that both
-  // directions of a cable keep the same message numbering, but as a 4-byte placeholder in the
-  // scratch buffer's last page: whether Apple's driver accepts zero-length work requests is
-  // not documented. Both sides know the piece is empty, so the frame counts still match.
-  constexpr std::size_t placeholder = 4;
-  const std::size_t placeholder_off = (staged_ ? 4 : 2) * S * slot_bytes_;
-  // Scratch slots: receive slot j mod S of direction d, and (staged) send slot j mod S.
-  auto recv_slot = [&](int d, std::size_t j) { return (static_cast<std::size_t>(d) * S + j % S) * slot_bytes_; };
-  auto send_slot = [&](int d, std::size_t j) { return ((2 + static_cast<std::size_t>(d)) * S + j % S) * slot_bytes_; };
-  // Registered mode only: the region sets of the user buffers on a link's device.
-  auto user_set = [&](Port& p, bool input) -> tbverbs::MemoryRegionSet& {
-    return (input || in_place) ? *p.in : *p.out;
-  };
-
-  auto post_recv = [&](int d) -> Result<void> {
-    const std::size_t j = posted[d];
-    const std::size_t li = link_of(d, j);
-    if (write_) {
-      // The credit only: the peer's RDMA WRITE with immediate puts the data in place and
-      // consumes this zero-length receive.
-      const tbverbs::abi::ibv_sge none{};
-      tbverbs::RecvWr wr(j, none);
-      wr.sges({});
-      if (auto q = links_[li].qp().post(wr); !q) return fail(q.error());
-      ++posted[d];
-      return {};
-    }
-    Port& p = *refs_[li].port;
-    const Range rg = range(d, j, false);
-    const std::size_t len = (rg.e - rg.b) * es;
-    tbverbs::Result<tbverbs::abi::ibv_sge> sge = fail(Error());
-    if (len == 0) sge = p.scratch->sge(placeholder_off, placeholder);
-    else if (is_rs(j) || staged_) sge = p.scratch->sge(recv_slot(d, j), len);
-    else sge = user_set(p, false).sge(rg.b * es, len);
-    if (!sge) return fail(sge.error());
-    if (auto q = links_[li].qp().recv(j, *sge); !q) return fail(q.error());
-    ++posted[d];
-    return {};
-  };
-  auto post_send = [&](int d) -> Result<void> {
-    const std::size_t j = sent[d];
-    const std::size_t li = link_of(1 - d, j);
-    Port& p = *refs_[li].port;
-    const Range rg = range(d, j, true);
-    const std::size_t len = (rg.e - rg.b) * es;
-    // Step 0 sends this rank's own input; later steps send what was reduced or gathered.
-    const bool from_input = j < m && !in_place;
-    tbverbs::Result<tbverbs::abi::ibv_sge> sge = fail(Error());
-    if (len == 0) {
-      sge = p.scratch->sge(placeholder_off, placeholder);
-    } else if (staged_) {
-      std::memcpy(scratch_.data() + send_slot(d, j), (from_input ? src : dst) + rg.b * es, len);
-      sge = p.scratch->sge(send_slot(d, j), len);
-    } else {
-      sge = user_set(p, from_input).sge(rg.b * es, len);
-    }
-    if (!sge) return fail(sge.error());
-    if (write_) {
-      // Into the exact place the peer's receive would have put it (see post_recv), the message
-      // number as the immediate.
-      const PeerTargets& pt = peer_[li];
-      auto slot = [&](std::size_t n) { return (static_cast<std::size_t>(d) * pt.slots + n % pt.slots) * pt.slot_bytes; };
-      tbverbs::Result<tbverbs::RemoteBuffer> to = fail(Error());
-      if (len == 0) to = pt.scratch.at((pt.staged ? 4 : 2) * pt.slots * pt.slot_bytes, placeholder);
-      else if (is_rs(j) || pt.staged) to = pt.scratch.at(slot(j), len);
-      else to = (in_place ? pt.in : pt.out).at(rg.b * es, len);
-      if (!to) return fail(to.error());
-      const auto wr = tbverbs::SendWr::rdma_write_with_imm((std::uint64_t{1} << 40) | j, *sge, *to,
-                                                           static_cast<std::uint32_t>(j));
-      if (auto q = links_[li].qp().post(wr); !q) return fail(q.error());
-    } else if (auto q = links_[li].qp().send((std::uint64_t{1} << 40) | j, *sge); !q) {
-      return fail(q.error());
-    }
-    ++sent[d];
-    ++sent_[li];
-    return {};
-  };
-  auto on_recv = [&](int d, std::size_t cable, const tbverbs::WorkCompletion& wc) -> Result<void> {
-    const std::size_t j = recv_next[d][cable];
-    if (wc.wr_id() != j)
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                              "receive completions out of order: got message " + std::to_string(wc.wr_id()) +
-                                  ", expected " + std::to_string(j)));
-    if (write_ && (!wc.has_imm() || wc.imm() != static_cast<std::uint32_t>(j)))
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                              "RDMA WRITE with immediate out of order: " +
-                                  (wc.has_imm() ? "immediate " + std::to_string(wc.imm()) : std::string("no immediate")) +
-                                  ", expected message " + std::to_string(j)));
-    const Range rg = range(d, j, false);
-    const std::size_t want = rg.e > rg.b ? (rg.e - rg.b) * es : placeholder;
-    if (wc.byte_len() != want)
-      return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
-                              "message " + std::to_string(j) + " carried " + std::to_string(wc.byte_len()) +
-                                  " bytes, expected " + std::to_string(want)));
-    if (rg.e > rg.b) {
-      if (is_rs(j)) add(t, dst + rg.b * es, src + rg.b * es, scratch_.data() + recv_slot(d, j), rg.e - rg.b);
-      else if (staged_) std::memcpy(dst + rg.b * es, scratch_.data() + recv_slot(d, j), (rg.e - rg.b) * es);
-    }
-    recv_next[d][cable] += k[d];
-    received[d] = prefix(recv_next[d], k[d]);
-    return {};
-  };
-
-  // 1. Receives posted ahead (the credits), then the caller's barrier: no rank sends before
-  //    every rank has posted.
-  for (int d = 0; d < 2; ++d)
-    while (posted[d] < std::min(T, S))
-      if (auto p = post_recv(d); !p) {
-        where_ = "posting the first receives";
-        return p;
-      }
-  if (auto b = before_start(); !b) {
-    where_ = "the barrier before the all_sum";
-    return b;
-  }
-
-  auto describe_wait = [&]() {
-    std::string w;
-    for (int d = 0; d < 2; ++d) {
-      if (received[d] < T) {
-        const std::size_t step = received[d] / m;
-        const int from = d == 0 ? left_ : right_;
-        w += std::string(w.empty() ? "" : ", ") + "message " + std::to_string(received[d]) + "/" +
-             std::to_string(T) + " from rank " + std::to_string(from) + " (" +
-             (step < static_cast<std::size_t>(n - 1) ? "reduce-scatter step " + std::to_string(step)
-                                                     : "all-gather step " + std::to_string(step - (n - 1))) +
-             ")";
-      }
-    }
-    return w;
-  };
-
-  // 2. The progress loop: completions in, receives re-posted, sends out; never blocks for
-  //    longer than a slice, probes the side channel for dead or aborting ranks.
-  tbverbs::WorkCompletion wc[32];
-  auto last_progress = clock::now();
-  auto last_check = last_progress;
-  unsigned idle = 0;
-  constexpr std::size_t max_wait = 16;  // links wait_any sleeps on at once
-  tbverbs::Link* sleepers[max_wait];
-  const std::size_t nsleep = std::min(links_.size(), max_wait);
-  for (std::size_t i = 0; i < nsleep; ++i) sleepers[i] = &links_[i];
-  auto handle = [&](std::size_t li, std::size_t got) -> Result<void> {
-    const int side = refs_[li].side;
-    const std::size_t cable = refs_[li].cable;
-    for (std::size_t q = 0; q < got; ++q) {
-      if (wc[q].is_recv()) {
-        // Receives on the left cables are direction R, on the right ones direction L.
-        if (auto p = on_recv(side, cable, wc[q]); !p) {
-          where_ = "reducing a received message";
-          return p;
-        }
-        ++received_[li];
-      } else {
-        const int d = 1 - side;  // sends on the left cables are direction L
-        send_next[d][cable] += k[side];
-        send_done[d] = prefix(send_next[d], k[side]);
-      }
-    }
-    return {};
-  };
-  for (;;) {
-    bool progress = false;
-    if (idle > 16) {
-      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
-      // its core to the ranks that have work (the emulator runs them all on one host).
-      std::size_t which = 0;
-      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where_ = "waiting for completions of " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(which, *got); !h) return h;
-        progress = true;
-      }
-    }
-    for (std::size_t li = 0; li < links_.size(); ++li) {
-      auto got = links_[li].cq().poll(wc);
-      if (!got) {
-        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
-        return fail(got.error());
-      }
-      if (auto h = handle(li, *got); !h) return h;
-      if (*got > 0) progress = true;
-    }
-    for (int d = 0; d < 2; ++d) {
-      const int o = 1 - d;  // the other direction shares the links: its receives are our credits
-      // Receives: up to S ahead of what was consumed (scratch slots free again).
-      while (posted[d] < T && posted[d] < received[d] + S) {
-        if (auto p = post_recv(d); !p) {
-          where_ = "posting receives";
-          return p;
-        }
-        progress = true;
-      }
-      // Sends: data ready, credit from the peer, our receives for the peer ahead, queue room
-      // (and, staged, the send slot free again).
-      while (sent[d] < T) {
-        const std::size_t j = sent[d];
-        if (j >= m && received[d] < j - m + 1) break;           // data of the previous step
-        if (j >= W && received[o] < j - W + 1) break;           // credit: peer posted for j
-        if (posted[o] < std::min(T, j + W + 1)) break;          // our receives ahead of our send
-        if (sent[d] - send_done[d] >= S) break;                 // send queue room, send slot free
-        if (auto p = post_send(d); !p) {
-          where_ = "posting sends";
-          return p;
-        }
-        progress = true;
-      }
-    }
-    if (received[0] == T && received[1] == T && send_done[0] == T && send_done[1] == T) break;
-
-    const auto now = clock::now();
-    if (progress) {
-      last_progress = now;
-      idle = 0;
-    } else {
-      ++idle;
-    }
-    if (now - last_check > std::chrono::milliseconds(20)) {
-      last_check = now;
-      if (auto alive = sc_.check_peers(); !alive) {
-        where_ = "the all_sum, waiting for " + describe_wait();
-        return fail(alive.error());
-      }
-    }
-    if (now - last_progress > cfg_.timeout) {
-      where_ = "the all_sum";
-      Error e = Error::make(Step::collective, ErrorKind::timeout,
-                            "no progress for " + std::to_string(cfg_.timeout.count()) + " ms waiting for " +
-                                describe_wait());
-      return fail(e);
-    }
-  }
-  // Every chunk of the output was written by an all-gather receive, except this rank's fully
-  // reduced halves, which its last reductions wrote.
   return {};
 }
 

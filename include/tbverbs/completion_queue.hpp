@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 
 TBVERBS_NAMESPACE_BEGIN
 
@@ -224,18 +225,34 @@ public:
   /// Allocates nothing; the success path costs no test beyond the raw call's (kept completions are
   /// served by a stand-in CQ the cached pointer switches to, detail::CqKeep).
   [[nodiscard, gnu::always_inline]] Result<std::size_t> poll(std::span<WorkCompletion> out) noexcept {
+    return poll(out, [](const WorkCompletion&) noexcept {});
+  }
+
+  /// poll(out), handing each success to `consume(const WorkCompletion&)` in the CQ's order, in
+  /// the same pass that checks the statuses; returns how many were consumed. Use it on the hot
+  /// path: `poll(out)` followed by the caller's own loop over the batch walks it twice (+6
+  /// instructions per post and poll in bench/overhead), this one walks it once, as a raw loop that
+  /// checks each status does (the raw calls' count). Failures, kept completions and errors as
+  /// poll(out): on a failure at position k > 0, `consume` has seen the k successes before it and
+  /// k is returned; the failure comes with the next call.
+  template <class Consume>
+  [[nodiscard, gnu::always_inline]] Result<std::size_t> poll(std::span<WorkCompletion> out,
+                                                             Consume&& consume) noexcept(
+      noexcept(consume(std::declval<const WorkCompletion&>()))) {
     // While completions are kept, cq_ points at the keeper's stand-in CQ, whose poll_cq hands them
     // out first (detail::CqKeep): the success path has no extra test.
     abi::ibv_wc* wc = reinterpret_cast<abi::ibv_wc*>(out.data());
     const int n = cq_->context->ops.poll_cq(cq_.get(), static_cast<int>(out.size()), wc);
     if (n < 0) [[unlikely]]
       return fail(poll_failed(n));
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < n; ++i) {
       if (wc[i].status != abi::IBV_WC_SUCCESS) [[unlikely]] {
         const std::size_t k = keep(wc, &wc[i], n);
         if (k == report_now) return fail(completion_failed(failed_));
         return k;
       }
+      consume(out[static_cast<std::size_t>(i)]);
+    }
     return static_cast<std::size_t>(n);
   }
 

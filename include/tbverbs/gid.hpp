@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,6 +99,14 @@ public:
 private:
   std::array<std::uint8_t, 16> raw_{};
 };
+
+/// IPv6 text of `g` ("::ffff:10.0.0.1"), as `g.to_string()`.
+inline std::string to_string(const Gid& g) { return g.to_string(); }
+/// Prints the IPv6 text of `g`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Gid& g) {
+  return os << g.to_string();
+}
 
 /// Dotted text of a host-order IPv4 address.
 inline std::string ipv4_to_string(std::uint32_t ipv4) {
@@ -202,6 +211,14 @@ private:
   detail::FixedString<64> device_;
   Platform platform_ = Platform::any;
 };
+
+/// "GID[1] ::ffff:10.0.0.1 RoCE v2 netdev eth0", as `s.describe()`.
+inline std::string to_string(const GidSelection& s) { return s.describe(); }
+/// Prints `s.describe()`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const GidSelection& s) {
+  return os << s.describe();
+}
 
 /// A snapshot of one port's whole GID table (length from the port: 1024 on Thunderbolt), keeping
 /// every entry's index, its type and netdev where the platform says them, and the port's link
@@ -319,7 +336,7 @@ public:
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (entries_[i].is_ipv4_mapped() && entries_[i].ipv4() != 0)
         return make_selection(static_cast<int>(i), "first IPv4-mapped entry");
-    return fail(no_usable("no IPv4-mapped GID"));
+    return fail(no_usable({})); // the kind says "no IPv4-mapped GID"; the detail lists the entries
   }
 
   /// The IPv4-mapped entry for `ipv4` (host order): the address of the interface the bootstrap
@@ -333,7 +350,7 @@ public:
         if (types_[i] == GidType::roce_v2) break;
       }
     if (found >= 0) return make_selection(found, "entry matching the bootstrap IPv4 address");
-    Error e = no_usable("no GID for " + ipv4_to_string(ipv4));
+    Error e = no_usable("the address is " + ipv4_to_string(ipv4));
     e.kind = ErrorKind::gid_not_found;
     return fail(e);
   }
@@ -405,23 +422,83 @@ public:
     return fail(no_usable("no port GID"));
   }
 
-  /// The selection tbverbs makes by default. `TBVERBS_GID_INDEX` when set (validated). On Apple's
+  /// The selection tbverbs makes by default: the operator's `TBVERBS_GID_INDEX` for this device and
+  /// port when it names one (env_override()), else select_automatic(). The selection's reason names
+  /// the rule.
+  [[nodiscard]] Result<GidSelection> select(std::optional<std::uint32_t> bootstrap_ipv4 = std::nullopt) const {
+    auto forced = env_override(bootstrap_ipv4);
+    if (!forced) return fail(forced.error());
+    if (*forced) return std::move(**forced);
+    return select_automatic(bootstrap_ipv4);
+  }
+
+  /// What `TBVERBS_GID_INDEX` asks for on this table's device and port, validated as at_index()
+  /// does; an empty optional when it is unset or names other devices only. Two forms:
+  /// `TBVERBS_GID_INDEX=3` (every device and port, as `NCCL_IB_GID_INDEX`), or a comma list of
+  /// `DEVICE:INDEX` and `DEVICE:PORT:INDEX` entries, e.g. `mlx5_0:3,mlx5_1:1:5` (devices not listed
+  /// take select_automatic()). A malformed value is an error naming the syntax. When the caller
+  /// passed the bootstrap socket's address, this table has an entry for it, and the index selects
+  /// an IPv4-mapped entry of another address, the two explicit choices disagree: an error, never a
+  /// silent override.
+  [[nodiscard]] Result<std::optional<GidSelection>> env_override(
+      std::optional<std::uint32_t> bootstrap_ipv4 = std::nullopt) const {
+    const char* env = std::getenv("TBVERBS_GID_INDEX");
+    if (env == nullptr || *env == '\0') return std::optional<GidSelection>{};
+    const std::string_view all(env);
+    auto malformed = [&](std::string_view why) {
+      Error e = Error::make(Step::configure, ErrorKind::gid_index_invalid,
+                            "TBVERBS_GID_INDEX=\"" + std::string(all) + "\" " + std::string(why) +
+                                " (the form is INDEX, or DEVICE:INDEX and DEVICE:PORT:INDEX entries separated by "
+                                "commas, e.g. mlx5_0:3,mlx5_1:1:5)");
+      return fail(e.on(device_.view(), port_).from(platform_));
+    };
+    auto number = [](std::string_view t, int& out) {
+      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
+      return ec == std::errc() && p == t.data() + t.size() && out >= 0;
+    };
+    int index = -1;
+    if (all.find(':') == std::string_view::npos) {
+      if (!number(all, index)) return malformed("is not a number");
+    } else {
+      if (all.back() == ',' || all.front() == ',' || all.find(",,") != std::string_view::npos)
+        return malformed("has an empty entry");
+      for (std::string_view rest = all; !rest.empty();) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        const std::size_t c1 = item.find(':'), c2 = item.rfind(':');
+        if (c1 == 0 || c1 == std::string_view::npos) return malformed("has an entry without a device");
+        int port = -1, value = -1;
+        if (!number(item.substr(c2 + 1), value)) return malformed("has an entry whose index is not a number");
+        if (c2 != c1 && (!number(item.substr(c1 + 1, c2 - c1 - 1), port) || port < 1 || port > 255))
+          return malformed("has an entry whose port is not a number from 1 to 255");
+        if (item.substr(0, c1) == device_.view() && (port < 0 || port == port_) && index < 0) index = value;
+      }
+      if (index < 0) return std::optional<GidSelection>{}; // this device (and port) is not listed
+    }
+    auto chosen = at_index(index);
+    if (!chosen) return fail(chosen.error());
+    if (bootstrap_ipv4 && chosen->gid().is_ipv4_mapped() && chosen->gid().ipv4() != *bootstrap_ipv4)
+      if (auto there = matching_ipv4(*bootstrap_ipv4)) {
+          const int i = there->index();
+          Error e = Error::make(Step::configure, ErrorKind::gid_index_invalid,
+                                "TBVERBS_GID_INDEX selects GID[" + std::to_string(index) + "] " +
+                                    chosen->gid().to_string() + ", but the bootstrap address " +
+                                    ipv4_to_string(*bootstrap_ipv4) + " is GID[" + std::to_string(i) +
+                                    "] of the same port: two explicit choices disagree (name the device in "
+                                    "TBVERBS_GID_INDEX, e.g. " + std::string(device_.view()) + ":" +
+                                    std::to_string(i) + ", or unset it)");
+          return fail(e.on(device_.view(), port_, index).from(platform_));
+        }
+    return std::optional<GidSelection>(std::move(*chosen));
+  }
+
+  /// The rules without `TBVERBS_GID_INDEX` (for a program the operator must not steer). On Apple's
   /// driver: the entry matching `bootstrap_ipv4` when given, else the first IPv4-mapped entry. On
   /// InfiniBand: the port GID. On RoCE: roce() with the version of `TBVERBS_ROCE_VERSION` (2 when
   /// unset; 1 only when asked), so the RoCE v2 entry matching `bootstrap_ipv4`, else the first RoCE
-  /// v2 IPv4 entry, else a RoCE v2 global IPv6 entry. The selection's reason names the rule.
-  [[nodiscard]] Result<GidSelection> select(std::optional<std::uint32_t> bootstrap_ipv4 = std::nullopt) const {
-    if (const char* env = std::getenv("TBVERBS_GID_INDEX"); env != nullptr && *env != '\0') {
-      int index = -1;
-      const std::string_view s(env);
-      auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), index);
-      if (ec != std::errc() || p != s.data() + s.size()) {
-        Error e = Error::make(Step::configure, ErrorKind::gid_index_invalid,
-                              "TBVERBS_GID_INDEX=\"" + std::string(s) + "\" is not a number");
-        return fail(e.on(device_.view(), port_).from(platform_));
-      }
-      return at_index(index);
-    }
+  /// v2 IPv4 entry, else a RoCE v2 global IPv6 entry.
+  [[nodiscard]] Result<GidSelection> select_automatic(std::optional<std::uint32_t> bootstrap_ipv4 = std::nullopt) const {
     if (platform_ == Platform::apple) {
       if (bootstrap_ipv4) return matching_ipv4(*bootstrap_ipv4);
       return first_ipv4_mapped();
@@ -576,7 +653,7 @@ private:
       any = true;
       if (!g.is_link_local()) only_link_local = false;
     }
-    std::string why = what + ": " + summary();
+    std::string why = what.empty() ? summary() : what + ": " + summary();
     if (!any || only_link_local)
       why += " (only fe80:: entries: the interface behind this port has no IPv4 address)";
     Error e = Error::make(Step::select_gid, ErrorKind::no_ipv4_gid, why);

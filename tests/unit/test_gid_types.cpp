@@ -464,3 +464,70 @@ TEST_CASE("GID type names are the ones show_gids prints", "[gid]") {
   CHECK(gid_type_name(GidType::ib) == "IB");
   CHECK(gid_type_name(GidType::unknown) == "unknown");
 }
+
+TEST_CASE("finding 12 (issue 8): TBVERBS_GID_INDEX names devices, never silently overrides the bootstrap address",
+          "[gid][issue8]") {
+  Env b("TBVERBS_ROCE_VERSION", nullptr);
+  const GidTable t = mlx5({v1("fe80::1"), v2("fe80::1"), v1("::ffff:10.0.0.1"), v2("::ffff:10.0.0.1"),
+                           v1("::ffff:10.0.1.1", "eth1"), v2("::ffff:10.0.1.1", "eth1")});
+  SECTION("a bare index applies to every device") {
+    Env a("TBVERBS_GID_INDEX", "2");
+    auto s = t.select();
+    REQUIRE(s);
+    CHECK(s->index() == 2);
+    CHECK(s->reason() == "operator override (TBVERBS_GID_INDEX), a RoCE v1 entry");
+  }
+  SECTION("the per-device form applies to the named device and port only") {
+    {
+      Env a("TBVERBS_GID_INDEX", "mlx5_1:2,mlx5_0:5");
+      auto s = t.select();
+      REQUIRE(s);
+      CHECK(s->index() == 5);
+      CHECK(s->reason() == "operator override");
+    }
+    {
+      Env a("TBVERBS_GID_INDEX", "mlx5_0:1:4");
+      auto s = t.select();
+      REQUIRE(s);
+      CHECK(s->index() == 4);
+    }
+    {
+      Env a("TBVERBS_GID_INDEX", "mlx5_0:2:4,mlx5_1:0"); // other port, other device: the rules apply
+      auto opt = t.env_override();
+      REQUIRE(opt);
+      CHECK_FALSE(opt->has_value());
+      auto s = t.select();
+      REQUIRE(s);
+      CHECK(s->index() == 3);
+      CHECK(s->reason() == "first RoCE v2 IPv4 entry");
+    }
+  }
+  SECTION("malformed values name the syntax") {
+    for (const char* bad : {"two", "-1", "mlx5_0:", ":3", "mlx5_0:x", "mlx5_0:0:3", "mlx5_0:1:3,", "3,4"}) {
+      Env a("TBVERBS_GID_INDEX", bad);
+      auto s = t.select();
+      INFO(bad);
+      REQUIRE_FALSE(s);
+      CHECK(s.error().kind == ErrorKind::gid_index_invalid);
+    }
+    Env a("TBVERBS_GID_INDEX", "mlx5_0:x");
+    CHECK(t.select().error().message().find("DEVICE:PORT:INDEX") != std::string::npos);
+  }
+  SECTION("an index contradicting the bootstrap address on this port is an error") {
+    Env a("TBVERBS_GID_INDEX", "3"); // 10.0.0.1, while the bootstrap socket is on 10.0.1.1 (GID[5])
+    auto s = t.select(*parse_ipv4("10.0.1.1"));
+    REQUIRE_FALSE(s);
+    CHECK(s.error().kind == ErrorKind::gid_index_invalid);
+    CHECK(s.error().message().find("two explicit choices disagree") != std::string::npos);
+    CHECK(s.error().message().find("mlx5_0:5") != std::string::npos);
+    // The same address, or a bootstrap address on another interface (no entry here), is fine.
+    CHECK(t.select(*parse_ipv4("10.0.0.1"))->index() == 3);
+    CHECK(t.select(*parse_ipv4("192.168.7.7"))->index() == 3);
+  }
+  SECTION("select_automatic ignores it") {
+    Env a("TBVERBS_GID_INDEX", "2");
+    auto s = t.select_automatic(*parse_ipv4("10.0.1.1"));
+    REQUIRE(s);
+    CHECK(s->index() == 5);
+  }
+}

@@ -13,6 +13,7 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <typeinfo>
 
 using namespace tbverbs;
@@ -146,6 +147,37 @@ TEST_CASE("finding 1: a failed completion loses none of the good ones around it"
   REQUIRE((a && b));
   CHECK(one[0].wr_id() == 107);
   CHECK(*a == 1);
+}
+
+TEST_CASE("issue 12 item 6: the fused poll hands every success to the consumer, in order, and loses none",
+          "[issue8][issue12][cq]") {
+  FakeVerbs f;
+  auto c = connect(f, false);
+  WorkCompletion wc[8];
+  std::vector<std::uint64_t> seen;
+  auto consume = [&](const WorkCompletion& w) { seen.push_back(w.wr_id()); };
+  f.completions.push_back(wc_of(100, 7));
+  f.completions.push_back(wc_of(101, 7));
+  f.completions.push_back(wc_of(200, 9, abi::IBV_WC_LOC_LEN_ERR));
+  f.completions.push_back(wc_of(102, 7));
+
+  auto first = c.cq.poll(wc, consume);
+  REQUIRE(first);
+  CHECK(*first == 2);
+  CHECK(seen == std::vector<std::uint64_t>{100, 101});
+  CHECK(c.cq.kept() == 2);
+  auto failure = c.cq.poll(wc, consume);
+  REQUIRE_FALSE(failure);
+  CHECK(failure.error().wr_id == 200);
+  CHECK(failure.error().qp_num == 9);
+  CHECK(seen.size() == 2); // the failure is never handed to the consumer
+  auto rest = c.cq.poll(wc, consume);
+  REQUIRE(rest);
+  CHECK(*rest == 1);
+  CHECK(seen == std::vector<std::uint64_t>{100, 101, 102});
+  auto empty = c.cq.poll(wc, consume);
+  REQUIRE(empty);
+  CHECK(*empty == 0);
 }
 
 TEST_CASE("finding 3: a failed chain says how many were posted and which was not", "[issue8][qp]") {

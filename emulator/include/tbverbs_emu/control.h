@@ -86,6 +86,10 @@ const char* tbemu_state_dir(const char* fabric);
  * call in this thread) and sets *count. */
 const char* tbemu_gc(int dry_run, int* count);
 
+/* tbemu_gc, also counting every state directory whose fabric file lies under the directory `under`
+ * as gone (a test tree's clean-up: its fabric files stay, but it is done with their state). */
+const char* tbemu_gc_under(const char* under, int dry_run, int* count);
+
 /* Number of QPs currently held on a device, counted across live processes. */
 int tbemu_qp_count(const char* fabric, const char* host, const char* device);
 

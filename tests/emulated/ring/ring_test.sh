@@ -25,6 +25,24 @@ expect_not() { ! grep -Eq -- "$1" "$OUT" || fail "unexpected line matching: $1";
 expect_count() {  # pattern, count
   local got; got=$(grep -Ec -- "$1" "$OUT"); [ "$got" -eq "$2" ] || fail "expected $2 lines matching '$1', got $got"
 }
+# The result table (nccl-tests' layout, printed by rank 0, with the launcher's "[rank 0] " prefix
+# or without it when the ranks run by hand): size, count, type, redop, algorithm, then time, algbw,
+# busbw and #wrong out of place and in place ("-" for a placement not run).
+rows() { sed -nE 's/^(\[rank 0\] )? +([0-9]+ +[0-9]+ +[a-z0-9]+ +sum +[a-z]+ .*)$/\2/p' "$OUT"; }
+# Every row has 13 fields, a positive time wherever a placement ran, #wrong 0; at least MIN rows;
+# the table is of N ranks (if given) and its footer counts no wrong value.
+check_rows() {  # [min rows] [ranks]
+  local min=${1:-1} bad got
+  got=$(rows | wc -l)
+  [ "$got" -ge "$min" ] || fail "expected at least $min result rows, got $got"
+  bad=$(rows | awk 'NF != 13 || ($6 != "-" && !($6 > 0)) || ($10 != "-" && !($10 > 0)) ||
+                    ($9 != "0" && $9 != "-") || ($13 != "0" && $13 != "-") || ($6 == "-" && $10 == "-")')
+  [ -z "$bad" ] || fail "result rows malformed or with wrong elements: $bad"
+  expect "# Out of bounds values : 0 OK"
+  expect "# Avg bus bandwidth    : [0-9.]+ GB/s"
+  [ -z "${2:-}" ] || expect "# all_sum over $2 ranks; "
+  ROWS=$got
+}
 run() {  # runs the launcher; sets RC
   echo "+ $RING $*" >"$OUT"
   "$RING" "$@" >>"$OUT" 2>&1; RC=$?
@@ -52,14 +70,35 @@ two_ranks() {
 
 case "$CASE" in
   verify)
-    # Every (size, dtype, placement) run must say "verified" and the launcher must exit 0.
+    # Every (size, dtype) row must show #wrong 0 and the launcher must exit 0.
     run "$@"
     [ $RC -eq 0 ] || fail "launcher exited $RC"
     expect "launcher: all [0-9]+ ranks exited 0"
     expect_not "MISMATCH|FAILED"
-    runs=$(grep -Ec "all_sum .*: verified$" "$OUT")
-    [ "$runs" -ge 1 ] || fail "no verified run"
-    echo "ok: $runs verified runs"
+    check_rows 1
+    echo "ok: $ROWS result rows, #wrong 0"
+    ;;
+  csv)
+    # --csv: the header line, then one parseable line per (size, placement) run: 9 fields, the
+    # size is count x the type's bytes, times and bandwidths are positive numbers, algbw is the
+    # size over the time, busbw is algbw x 2(n-1)/n, wrong is 0.   csv N SIZES_EXPECTED [args...]
+    n=$1; sizes=$2; shift 2
+    run --local "$n" --csv --quiet --place both "$@"
+    [ $RC -eq 0 ] || fail "launcher exited $RC"
+    sed -nE 's/^\[rank 0\] //p' "$OUT" | grep -E '^(size_bytes|[0-9])' >"$WORK/rows.csv"
+    [ "$(head -1 "$WORK/rows.csv")" = "size_bytes,count,type,redop,place,time_us,algbw_gbps,busbw_gbps,wrong" ] ||
+      fail "no CSV header line"
+    got=$(($(wc -l <"$WORK/rows.csv") - 1))
+    [ "$got" -eq $((2 * sizes)) ] || fail "expected $((2 * sizes)) CSV rows, got $got"
+    bad=$(awk -F, -v n="$n" 'NR > 1 {
+        es = ($3 == "float32" || $3 == "int32") ? 4 : ($3 == "float64" || $3 == "int64") ? 8 : 2
+        alg = $1 / ($6 * 1e3); bus = alg * 2 * (n - 1) / n
+        if (NF != 9 || $1 != $2 * es || $4 != "sum" || ($5 != "out" && $5 != "in") || !($6 > 0) || $9 != "0" ||
+            ($7 - alg) > 0.01 * alg + 1e-6 || (alg - $7) > 0.01 * alg + 1e-6 || ($8 - bus) > 0.01 * bus + 1e-6 ||
+            (bus - $8) > 0.01 * bus + 1e-6) print }' "$WORK/rows.csv")
+    [ -z "$bad" ] || fail "CSV rows that do not parse or do not add up: $bad"
+    expect_not "Avg bus bandwidth"
+    echo "ok: CSV header and $got rows, parseable, consistent, wrong 0"
     ;;
   kill)
     # SIGKILL one rank mid-run: every other rank must exit non-zero with "peer lost" (naming the
@@ -137,7 +176,7 @@ case "$CASE" in
     expect "^rank 0: right cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 0: left cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 1: left link 0 to rank 0 verified"
-    expect "^all_sum .*ranks=2 .*: verified$"
+    check_rows 1 2
     expect_not "MISMATCH|FAILED"
     echo "ok: MLX_RANK / MLX_JACCL_COORDINATOR / MLX_IBV_DEVICES, one cable, two QPs on one device, verified"
     ;;
@@ -152,13 +191,16 @@ case "$CASE" in
       expect "launcher: all $n ranks exited 0"
       expect "quirks $q"
       expect_not "MISMATCH|FAILED"
-      expect "all_sum .*ranks=$n .*: verified$"
+      check_rows 1 "$n"
+      # The sizes span the crossover: both algorithms ran under the quirk.
+      rows | awk '$5 == "latency"' | grep -q . || fail "no run of the latency algorithm under $q"
+      rows | awk '$5 == "ring"' | grep -q . || fail "no run of the ring algorithm under $q"
       if [ "$q" = macos=26.2 ]; then
         expect "stepping down to messages of one 4 KiB frame"
         expect "messages of 4096 bytes \\(asked [0-9]+\\)"
         expect_not "verified \\(messages of up to [0-9]{5,} bytes"
       fi
-      echo "ok: $n ranks verified under $q ($(grep -Ec "all_sum .*: verified$" "$OUT") runs)"
+      echo "ok: $n ranks under $q: $ROWS rows (latency and ring), #wrong 0"
     done
     ;;
   cables)
@@ -166,7 +208,7 @@ case "$CASE" in
     n=$1; k=$2; shift 2
     run --local "$n" --cables "$k" "$@"
     [ $RC -eq 0 ] || fail "launcher exited $RC"
-    expect "all_sum .*ranks=$n .*: verified$"
+    check_rows 1 "$n"
     expect_not "MISMATCH|FAILED"
     expect_count "cable [0-9]+ \\(rdma_en[0-9]+, link [0-9]+\\): [1-9][0-9]* messages sent, [1-9][0-9]* received" $((n * 2 * k))
     echo "ok: $n ranks, $k cables per neighbour, each of the $((n * 2 * k)) link ends carried traffic both ways"
@@ -184,7 +226,7 @@ case "$CASE" in
                                                   {"ssh": "m2", "rdma": [["rdma_en2", "rdma_en1"], null]}]}' >"$WORK/devices.json" ;;
     esac
     two_ranks JACCL "$lib" "$@"
-    expect "^all_sum .*ranks=2 .*: verified$"
+    check_rows 1 2
     expect_not "MISMATCH|FAILED"
     expect_count "cable [01] \\(rdma_en[12], link [0-9]+\\): [1-9][0-9]* messages sent, [1-9][0-9]* received" 4
     echo "ok: a 2-cable $form file read as JACCL reads it, both cables carried traffic, verified"
@@ -207,6 +249,9 @@ case "$CASE" in
     refuse "sizes like 4K, 64M, 1G" --local 2 --size 4K --max-size 18446744073709551615 --iters 1
     refuse "sizes like 4K, 64M, 1G" --local 2 --size 17592186044417M --iters 1
     refuse "number of ranks must be 2..64" --local 1
+    refuse "--algorithm must be auto, ring or latency" --local 2 --algorithm mesh --iters 1
+    refuse "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
+    refuse "FAILED during .*the latency algorithm takes sums of up to 1048576 bytes per rank" --local 2 --algorithm latency --size 2M --iters 1
     "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
     echo '[[null, ["rdma_en2", 7]], [["rdma_en1", "rdma_en2"], null]]' >"$WORK/devices.json"
     ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
@@ -244,7 +289,7 @@ case "$CASE" in
     [ $RC -eq 0 ] || fail "launcher exited $RC"
     expect "^\[rank 1\] rank 1: link [0-9]+: warm-up round 1 failed \(.*delivered nothing\); recreating the QP"
     expect "verified \(messages of up to [0-9]+ bytes both ways, round 2\)"
-    expect "all_sum .*: verified$"
+    check_rows 1
     echo "ok: the dropped direction was detected by the warm-up, the link recreated, the run verified"
     ;;
   no_ipv4)
@@ -280,7 +325,7 @@ case "$CASE" in
     expect "^\[rank 1\] rank 1: left cable 0 to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.77\.0\.2 "
     expect "^\[rank 0\] rank 0: right cable 0 to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.77\.0\.1 "
     expect_not "10\.99\.0\.[12]"
-    expect "all_sum .*: verified$"
+    check_rows 1 2
     echo "ok: the second run selected the new GIDs ::ffff:10.77.0.1 / ::ffff:10.77.0.2"
     ;;
   warmup_exhausted)
@@ -310,7 +355,7 @@ case "$CASE" in
     [ $RC -eq 0 ] || fail "launcher exited $RC"
     expect "devices \(none: discovered\)"
     expect_count "rank [0-9]+: ring order $order \(discovered, no device file\)" "$n"
-    expect "all_sum .*ranks=$n .*: verified$"
+    check_rows 1 "$n"
     expect_not "MISMATCH|FAILED"
     echo "ok: $n ranks without a device file, ring order $order discovered, verified"
     ;;
@@ -343,7 +388,7 @@ case "$CASE" in
     [ $rcs -eq 0 ] || fail "a rank exited non-zero"
     expect "^rank 0: ring order 0 -> 1 -> 0 \(discovered, no device file\)"
     expect "^rank 1: cable to rank 0: rank 0 rdma_en[12] \(10\.99\.[01]\.[12]/30\) <-> rank 1 rdma_en[12]"
-    expect "^all_sum .*ranks=2 .*: verified$"
+    check_rows 1 2
     expect_not "MISMATCH|FAILED"
     echo "ok: no device file at all, two ranks by hand, cables discovered, verified"
     ;;
@@ -365,7 +410,7 @@ case "$CASE" in
                "explain: rdma_en[12]: budget 1 of 10 QPs, 1 of 11 CQs, 1 of 11 PDs, [0-9]+ of 100 MRs, [0-9]+ of 4095 frames per queue"; do
       expect "$pat"
     done
-    expect "all_sum .*: verified$"
+    check_rows 1 2
     echo "ok: explain lines for every transition, the capacities, the MRs and the budget"
     ;;
   budget)
