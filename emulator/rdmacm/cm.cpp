@@ -103,6 +103,8 @@ struct Channel {
   rdma_event_channel ch{-1};  // fd: an epoll fd (see the file comment)
   int evfd = -1;
   std::deque<rdma_cm_event*> queue;
+  int waiters = 0;         // threads inside rdma_get_cm_event
+  bool destroyed = false;  // rdma_destroy_event_channel while some were: the last one frees it
 };
 
 struct Peer {
@@ -609,10 +611,35 @@ void free_channel(Channel* ch) {
   delete ch;
 }
 
+void close_channel_fds(Channel* ch) {
+  for (rdma_cm_event* e : ch->queue) delete reinterpret_cast<Event*>(e);
+  ch->queue.clear();
+  ::close(ch->ch.fd);
+  ::close(ch->evfd);
+  ch->ch.fd = ch->evfd = -1;
+}
+
+// A thread waiting in a channel that another thread destroys (rping's event thread when its
+// main thread tears down): with rdma-core the thread's read() of the closed fd stays blocked
+// until the process exits, and programs rely on that (they exit from main, not from that
+// thread). Here the event thread may also be between two calls at that moment (events are
+// made at once, so the teardown can overtake it), so a call on a destroyed channel blocks the
+// same way. A destroyed channel's fds are closed once no thread waits in it; its few bytes are
+// kept for such late callers.
+[[noreturn]] void park_in_destroyed(Channel* ch, std::unique_lock<std::mutex>& g) {
+  if (--ch->waiters == 0) close_channel_fds(ch);
+  g.unlock();
+  for (;;) pause();
+}
+
 int get_event(Channel* ch, rdma_cm_event** out) {
   for (;;) {
     {
-      std::lock_guard<std::mutex> g(g_mu);
+      std::unique_lock<std::mutex> g(g_mu);
+      if (ch->destroyed) {
+        ++ch->waiters;
+        park_in_destroyed(ch, g);
+      }
       if (!ch->queue.empty()) {
         *out = ch->queue.front();
         ch->queue.pop_front();
@@ -627,13 +654,20 @@ int get_event(Channel* ch, rdma_cm_event** out) {
     // Blocks as rdma_get_cm_event(3) does, unless the application made the fd non-blocking.
     const bool nonblock = (fcntl(ch->ch.fd, F_GETFL) & O_NONBLOCK) != 0;
     epoll_event evs[16];
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      ++ch->waiters;
+    }
     int n = epoll_wait(ch->ch.fd, evs, 16, nonblock ? 0 : -1);
+    const int err = errno;
+    std::unique_lock<std::mutex> g(g_mu);
+    if (ch->destroyed) park_in_destroyed(ch, g);
+    --ch->waiters;
     if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
+      if (err == EINTR) continue;
+      return fail(err);
     }
     if (n == 0) return fail(EAGAIN);
-    std::lock_guard<std::mutex> g(g_mu);
     for (int i = 0; i < n; ++i)
       if (evs[i].data.u64) on_ready(evs[i].data.u64);
   }
@@ -805,7 +839,15 @@ EMU_EXPORT rdma_event_channel* rdma_create_event_channel(void) {
 EMU_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
   if (!channel) return;
   std::lock_guard<std::mutex> g(g_mu);
-  free_channel(reinterpret_cast<Channel*>(channel));
+  auto* ch = reinterpret_cast<Channel*>(channel);
+  ch->destroyed = true;  // see park_in_destroyed
+  if (ch->waiters > 0) {
+    uint64_t one = 1;
+    ssize_t r = ::write(ch->evfd, &one, sizeof one);  // wake them: they park, the last closes the fds
+    (void)r;
+    return;
+  }
+  close_channel_fds(ch);
 }
 
 EMU_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
@@ -1078,36 +1120,51 @@ EMU_EXPORT int rdma_listen(rdma_cm_id* id, int backlog) {
   const bool pick = c->id.route.addr.src_sin.sin_port == 0;
   int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s < 0) return -1;
+  int stale = 0;
   for (int attempt = 0; attempt < 64; ++attempt) {
     if (pick) c->id.route.addr.src_sin.sin_port = htons(static_cast<uint16_t>(32768 + random_psn() % 28232));
     std::string path = listen_path(state_dir, c->id.ps, ip, this_host(), ntohs(c->id.route.addr.src_sin.sin_port));
-    sockaddr_un a;
-    if (int e = unix_addr(path, &a)) {
+    sockaddr_un a, tmp;
+    const std::string tmp_path = path + ".new";
+    if (int e = unix_addr(path, &a); e || (e = unix_addr(tmp_path, &tmp))) {
       ::close(s);
       return fail(e);
     }
-    if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-      if (::listen(s, backlog > 0 ? backlog : 16) != 0) {
-        int e = errno;
-        ::close(s);
-        ::unlink(path.c_str());
-        return fail(e);
-      }
+    // The listener appears under its name only once it listens (bound under a temporary name,
+    // then renamed): a client never meets a bound socket that refuses it for a moment.
+    ::unlink(tmp_path.c_str());
+    if (::bind(s, reinterpret_cast<sockaddr*>(&tmp), sizeof tmp) != 0 ||
+        ::listen(s, backlog > 0 ? backlog : 16) != 0) {
+      int e = errno;
+      ::close(s);
+      ::unlink(tmp_path.c_str());
+      return fail(e);
+    }
+    if (::link(tmp_path.c_str(), path.c_str()) == 0) {  // like rename, but never replaces a live one
+      ::unlink(tmp_path.c_str());
       c->sock = s;
       c->listen_path = path;
       c->st = St::Listening;
       watch(c);
       return 0;
     }
-    if (errno != EADDRINUSE) break;
+    const int link_err = errno;
+    ::unlink(tmp_path.c_str());
+    ::close(s);
+    s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) return -1;
+    if (link_err != EEXIST) {
+      errno = link_err;
+      break;
+    }
     // A listener's file outlives a process that died: gone if nobody accepts on it.
     int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     bool alive = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
     if (probe >= 0) ::close(probe);
     if (!alive) {
       ::unlink(path.c_str());
-      --attempt;  // the same path once more
-      if (attempt < -8) break;
+      if (++stale > 8) break;  // removed again and again: another process keeps making it
+      --attempt;               // the same path once more
       continue;
     }
     if (!pick) {

@@ -445,7 +445,12 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
     pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
   }
   q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
-  complete_send(q, op, IBV_WC_SUCCESS);
+  // Paced cables (our model): the request waits behind this port's sends and takes L, the
+  // response occupies the responder's direction; the READ completes when both are through.
+  Fabric& f = *q->ctx->fab;
+  const int64_t req = wire_due(f, q->s->port, 0);
+  const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), op.len) : 0;
+  complete_send(q, op, IBV_WC_SUCCESS, std::max(req, resp));
   return Tx::Done;
 }
 
