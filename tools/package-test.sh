@@ -4,6 +4,7 @@
 # of the emulator, examples and tools (about 4 minutes on 2 cores).
 #
 #   tools/package-test.sh [WORK_DIR]     # default: a new directory under ${TMPDIR:-/tmp}
+#   TBVERBS_PACKAGE_TEST_REUSE=1 tools/package-test.sh WORK_DIR   # check the .debs already there
 #
 # 1. git clone of HEAD (uncommitted changes are not in it) and `dpkg-buildpackage -us -uc -b`;
 # 2. dpkg -x of both packages into one directory, and their contents: headers, CMake package,
@@ -34,8 +35,9 @@ if ! command -v dh >/dev/null 2>&1 || ! command -v dpkg-buildpackage >/dev/null 
   fi
 fi
 
+if [ "${TBVERBS_PACKAGE_TEST_REUSE:-0}" != 1 ]; then
 section "fresh clone of $(git -C "$root" rev-parse --short HEAD) into $work/src"
-rm -rf "$work/src" "$work"/*.deb "$work/unpacked"
+rm -rf "$work/src" "$work"/*.deb "$work"/*.buildinfo "$work"/*.changes "$work/unpacked"
 git clone --quiet --no-hardlinks "$root" "$work/src"
 git -C "$work/src" checkout --quiet --detach "$(git -C "$root" rev-parse HEAD)"
 if [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ]; then
@@ -48,6 +50,7 @@ start=$(date +%s)
   { tail -n 60 "$work/build.log"; fail "dpkg-buildpackage failed (log: $work/build.log)"; }
 grep -E "^-- tbverbs|^dpkg-deb: building" "$work/build.log" || true
 echo "package build: $(($(date +%s) - start)) s"
+fi
 dev=$(ls "$work"/libtbverbs-dev_*_all.deb 2>/dev/null | head -n 1)
 tools=$(ls "$work"/tbverbs-tools_*.deb 2>/dev/null | head -n 1)
 [ -n "$dev" ] || fail "no libtbverbs-dev package in $work"
@@ -55,6 +58,7 @@ tools=$(ls "$work"/tbverbs-tools_*.deb 2>/dev/null | head -n 1)
 
 section "contents"
 u="$work/unpacked"
+rm -rf "$u"
 mkdir -p "$u"
 dpkg -x "$dev" "$u"
 dpkg -x "$tools" "$u"
@@ -80,6 +84,11 @@ if dpkg-deb -c "$tools" | grep -q ' \./DEBIAN/shlibs' || dpkg-deb -I "$tools" sh
   fail "tbverbs-tools offers a shlibs file (it would offer libibverbs.so.1 to other packages)"
 fi
 grep -q "^URL: https://" "$u/usr/share/pkgconfig/tbverbs.pc" || fail "tbverbs.pc has no URL"
+# --local of the installed tools loads the installed emulator (TBVERBS_EMU_RUNTIME_LIBRARY).
+for b in tbverbs-ring-all-sum tbverbs-pingpong tbverbs-probe; do
+  grep -aq "/usr/lib/$triplet/tbverbs/libtbverbs_emu.so" "$u/usr/bin/$b" ||
+    fail "$b does not have the installed emulator path compiled in"
+done
 dpkg-deb -f "$dev" Package Version Architecture Homepage
 dpkg-deb -f "$tools" Package Version Architecture Depends
 echo "contents: ok"
@@ -97,7 +106,9 @@ section "consumer: pkg-config from the unpacked -dev package"
 if command -v pkg-config >/dev/null 2>&1; then
   flags=$(PKG_CONFIG_PATH="$u/usr/share/pkgconfig" pkg-config --cflags --libs tbverbs)
   echo "pkg-config --cflags --libs tbverbs: $flags"
-  case "$flags" in *"-I$u/usr/include"*) ;; *) fail "tbverbs.pc does not point at the unpacked headers" ;; esac
+  incdir=$(printf '%s\n' $flags | sed -n 's/^-I//p' | head -n 1)
+  [ -n "$incdir" ] && [ "$(readlink -f "$incdir")" = "$(readlink -f "$u/usr/include")" ] ||
+    fail "tbverbs.pc's include directory ($incdir) is not the unpacked /usr/include"
   # shellcheck disable=SC2086
   c++ -std=c++20 "$root/tests/consumer/main.cpp" $flags -o "$work/consumer-pc" || fail "the pkg-config consumer did not build"
   "$work/consumer-pc" >/dev/null || fail "the pkg-config consumer did not run"
