@@ -728,7 +728,11 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_ms, "ms: the bound of every wait")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--events", o.events, "ask for a completion channel so waits sleep on it");
   app.add_flag("--explain", o.explain, "print every QP attribute with why (TBVERBS_EXPLAIN=1)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2; // --help is 0; a usage error is 2
+  }
   if ((server ? 1 : 0) + (local ? 1 : 0) + (connect.empty() ? 0 : 1) != 1) {
     std::fprintf(stderr, "pingpong: give exactly one of --server, --connect HOST:PORT or --local (see --help)\n");
     return 2;
