@@ -78,7 +78,12 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
       wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
                        "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
   nlohmann::json f = {{"profile", profile}, {"hosts", hosts}, {"cables", wires}};
-  if (link.paced()) f["link"] = {{"gbytes_per_s", link.gbytes_per_s}, {"latency_us", link.latency_us}};
+  if (link.paced()) {  // a key left out is not modelled (no bandwidth limit, or no latency)
+    nlohmann::json l = nlohmann::json::object();
+    if (link.gbytes_per_s > 0) l["gbytes_per_s"] = link.gbytes_per_s;
+    if (link.latency_us > 0) l["latency_us"] = link.latency_us;
+    f["link"] = l;
+  }
   if (!quirks.empty()) {
     nlohmann::json q = nlohmann::json::object();
     for (const auto& kv : quirks) {
@@ -201,9 +206,16 @@ inline int run_local(const LocalOptions& o) {
     if (!o.fabric.empty())
       std::printf("link model: --link-gbps/--link-latency-us ignored: the fabric file %s has its own\n", o.fabric.c_str());
     else
-      std::printf("link model: every cable direction paced at %g GB/s with %g us latency (a message of s bytes leaves "
-                  "s/B after the previous one on that direction and arrives L later); ideal ring busbw 2B = %g GB/s\n",
-                  o.link.gbytes_per_s, o.link.latency_us, 2 * o.link.gbytes_per_s);
+    {
+      char bw[48] = "unlimited", ideal[64] = "";
+      if (o.link.gbytes_per_s > 0) {
+        std::snprintf(bw, sizeof bw, "%g GB/s", o.link.gbytes_per_s);
+        std::snprintf(ideal, sizeof ideal, "; ideal ring busbw 2B = %g GB/s", 2 * o.link.gbytes_per_s);
+      }
+      std::printf("link model: every cable direction paced at B = %s, latency L = %g us (a message of s bytes leaves "
+                  "s/B after the previous one on that direction and arrives L later)%s\n",
+                  bw, o.link.latency_us, ideal);
+    }
   }
   std::fflush(stdout);
 
