@@ -182,9 +182,26 @@ struct LatencySchedule {
 };
 
 // The crossover of Algorithm::automatic: the latency algorithm at or below these bytes per rank,
-// the ring above. TODO(measure): figures.
+// the ring above. Measured with bench/all_sum/crossover.sh (Release, 2026-12-01, a 2-core machine
+// shared with other builds, load average about 4) on the paced emulator at B = 0.25 GB/s, L = 150 us
+// (Thunderbolt 5's 9.4 GB/s and 4 us slowed 37.6x: the same bandwidth-delay product, 37.6 KB, which
+// is what places the crossover), time of the latency algorithm over the ring's, 20 iterations:
+//
+//   bytes per rank   4K    16K   32K   64K   128K  256K  512K  1M
+//   2 ranks          0.80  0.81  0.90  1.17  1.08  1.40  1.36  1.40
+//   3 ranks          0.94  0.79  0.64  0.84  0.98  0.85  1.00  1.05
+//   4 ranks          0.61  0.66  0.73  0.84  1.08  1.41  1.61  1.93   (another run: 0.98 at 128K)
+//   8 ranks          0.54  0.68  0.74  0.98  1.47  1.45  1.88  2.48
+//
+// The link model predicts the same places: the ring costs 2(n-1) hops of L and sends (n-1)/n of
+// the buffer per cable direction, the latency algorithm floor(n/2) hops and floor(n/2) buffers,
+// so it wins below L B (2(n-1) - h) / (h - (n-1)/n), h = floor(n/2): 2 L B at 2 ranks (75 KB on
+// Thunderbolt 5), 9 L B at 3 (every rank is a neighbour: one hop), 3.2 L B at 4 and 8 (120 KB).
+// Unpaced (the CPUs and the emulator's wake-ups are the limit) the same runs cross at 128K, 256K,
+// 64K and 512K for 2, 3, 4 and 8 ranks, noisily; the table keeps the paced figures, rounded down.
 inline std::size_t latency_crossover_bytes(int n) {
-  (void)n;
+  if (n == 2) return 32 * 1024;
+  if (n == 3) return 256 * 1024;
   return 64 * 1024;
 }
 
@@ -197,8 +214,9 @@ inline std::string Ring::algorithm_rule() const {
   if (cfg_.algorithm != Algorithm::automatic)
     return std::string(algorithm_name(cfg_.algorithm)) + " (--algorithm " + algorithm_name(cfg_.algorithm) + ")";
   return "auto: latency (floor(n/2) hops each way) up to " +
-         std::to_string(std::min(latency_max_, latency_crossover_bytes(cfg_.size))) +
-         " bytes per rank, ring (reduce-scatter + all-gather, both directions) above";
+         std::to_string(std::min(latency_cap(cfg_.size), latency_crossover_bytes(cfg_.size))) +
+         " bytes per rank, ring (reduce-scatter + all-gather, both directions) above (the crossover measured on "
+         "the paced emulator: algorithms.hpp)";
 }
 
 inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,

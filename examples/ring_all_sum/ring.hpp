@@ -85,6 +85,12 @@ inline const char* algorithm_name(Algorithm a) {
 /// The latency algorithm's largest sum, and the most scratch its gather area takes (see allocate()).
 inline constexpr std::size_t kLatencyMaxBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kGatherMaxBytes = std::size_t{16} << 20;
+/// The latency algorithm's largest sum on a ring of n ranks: its gather area holds 1 + 2 floor(n/2)
+/// vectors, at most kLatencyMaxBytes each and kGatherMaxBytes in all, whole 4 KiB frames.
+inline std::size_t latency_cap(int n) {
+  const std::size_t vectors = 1 + 2 * static_cast<std::size_t>(n / 2);
+  return std::max<std::size_t>(4096, std::min(kLatencyMaxBytes, kGatherMaxBytes / vectors) / 4096 * 4096);
+}
 
 /// How the ring is set up.
 struct Config {
@@ -427,8 +433,8 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   // sum: at most 1 MiB each and 16 MiB in all, so that it stays a few regions at any ring size
   // (that algorithm only wins for small sums: algorithms.hpp).
   const std::size_t vectors = 1 + 2 * static_cast<std::size_t>(cfg_.size / 2);
-  latency_max_ = std::min({max_bytes, kLatencyMaxBytes, kGatherMaxBytes / vectors});
-  latency_max_ = std::max(tbverbs::frame_bytes, (latency_max_ + tbverbs::frame_bytes - 1) / tbverbs::frame_bytes * tbverbs::frame_bytes);
+  latency_max_ = std::min(latency_cap(cfg_.size),
+                          (max_bytes + tbverbs::frame_bytes - 1) / tbverbs::frame_bytes * tbverbs::frame_bytes);
   gather_off_ = 2 * slots_ * slot_bytes_;
   send_slots_off_ = gather_off_ + vectors * latency_max_;
   auto scratch_bytes = [&](bool staged) { return send_slots_off_ + (staged ? 2 * slots_ * slot_bytes_ : 0) + 4096; };
