@@ -135,14 +135,15 @@ inline constexpr Diagnosis no_device{
 
 inline constexpr Diagnosis device_not_found_macos{
     "device-not-found-macos",
-    "Name not found (N available, listed in the error): the configured rdma_enN is stale. rdma_enN "
-    "pairs with the interface enN, and the names change after re-cabling or a reboot.",
+    "No device has the configured name (the error lists the devices that exist): the configured "
+    "rdma_enN is stale. rdma_enN pairs with the interface enN, and the names change after "
+    "re-cabling or a reboot.",
     "List the devices with `ibv_devices` and map them to ports with "
     "`networksetup -listallhardwareports`; fix the device file or `TBVERBS_DEVICE`."};
 
 inline constexpr Diagnosis device_not_found{
     "device-not-found",
-    "Name not found (N available, listed in the error): no device has the configured name.",
+    "No device has the configured name (the error lists the devices that exist).",
     "List the devices with `ibv_devices` (Linux also `rdma link`); fix the configured name or "
     "`TBVERBS_DEVICE`."};
 
@@ -330,10 +331,11 @@ inline constexpr Diagnosis rtr_no_ipv4_gid{
     "IPv4 address, so only fe80:: GIDs exist and a zero or uninitialised GID was sent), the "
     "sgid_index is not the ::ffff: entry (hard-coded 1 while the entry sits at 2), or the address "
     "sits on bridge0, which does not count.",
-    "Give each Thunderbolt interface an IPv4 address, one subnet per cable, on both Macs: "
-    "`sudo ifconfig enN inet 169.254.10.1 netmask 255.255.0.0 alias` (or a /30 such as "
-    "10.99.0.1/30), persistently `sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 "
-    "255.255.0.0 \"\"`; take the Thunderbolt Bridge down (`sudo ifconfig bridge0 down`, or "
+    "Give each Thunderbolt interface an IPv4 address, one /30 per cable, on both Macs: `sudo "
+    "ifconfig enN inet 10.99.0.1 netmask 255.255.255.252` here and 10.99.0.2 at the other end "
+    "(not 169.254/16: macOS routes all of it through one interface), persistently `sudo "
+    "networksetup -setmanual \"<service for enN>\" 10.99.0.1 255.255.255.252 \"\"`; take the "
+    "Thunderbolt Bridge down (`sudo ifconfig bridge0 down`, or "
     "`networksetup -setnetworkserviceenabled \"Thunderbolt Bridge\" off`); check with "
     "`ibv_devinfo -d rdma_enN -v | grep ffff`. Use the selection's index for the sgid_index (an "
     "IPv4-mapped GID at index 2 routed from index 1 is EINVAL, mlx PR #3389): QpRecipe takes both "
@@ -396,7 +398,8 @@ inline constexpr Diagnosis rtr_enodata_macos{
     "Look for orphans first: `ps -axo pid,ppid,command | awk '$2==1'` and kill stale runners; if "
     "none is found and it persists, reboot (leaked PDs are freed only then). Otherwise re-query the "
     "GID table at every connect (tbverbs re-selects and revalidates), re-assign the IPv4 address "
-    "(`sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 255.255.0.0 \"\"`), disable "
+    "(`sudo networksetup -setmanual \"<service for enN>\" 10.99.0.1 255.255.255.252 \"\"`, one /30 "
+    "per cable), disable "
     "sleep (`sudo pmset -a sleep 0`); re-plug the cable or reboot."};
 
 inline constexpr Diagnosis rtr_enodata{
@@ -584,10 +587,11 @@ inline constexpr Diagnosis no_ipv4_gid_macos{
     "no-ipv4-gid-macos",
     "The port's GID table has only fe80:: entries: the Thunderbolt interface enN has no IPv4 "
     "address (or the address is on bridge0, or DHCP/APIPA has not assigned one yet).",
-    "`sudo ifconfig enN inet 169.254.10.1 netmask 255.255.0.0 alias` (or a /30 such as "
-    "10.99.0.1/30), persistently `sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 "
-    "255.255.0.0 \"\"` (names: `networksetup -listallnetworkservices`); `sudo ifconfig bridge0 "
-    "down`; check with `ibv_devinfo -d rdma_enN -v | grep ffff`."};
+    "One /30 per cable: `sudo ifconfig enN inet 10.99.0.1 netmask 255.255.255.252` here and "
+    "10.99.0.2 at the other end (not 169.254/16: macOS routes all of it through one interface), "
+    "persistently `sudo networksetup -setmanual \"<service for enN>\" 10.99.0.1 255.255.255.252 "
+    "\"\"` (names: `networksetup -listallnetworkservices`); `sudo ifconfig bridge0 down`; check "
+    "with `ibv_devinfo -d rdma_enN -v | grep ffff`."};
 
 inline constexpr Diagnosis no_ipv4_gid_linux{
     "no-ipv4-gid-linux", "No GID carries an IPv4 address: the port's netdev has no IPv4 address.",
@@ -596,8 +600,8 @@ inline constexpr Diagnosis no_ipv4_gid_linux{
 
 inline constexpr Diagnosis no_ipv4_gid{
     "no-ipv4-gid", "The port's GID table has no IPv4-mapped entry: its interface has no IPv4 address.",
-    "Assign an IPv4 address to the interface (macOS: `sudo ifconfig enN inet 169.254.10.1 netmask "
-    "255.255.0.0 alias`; Linux: `sudo ip addr add 10.0.0.1/24 dev <netdev>`) and check "
+    "Assign an IPv4 address to the interface (macOS: one /30 per cable, `sudo ifconfig enN inet "
+    "10.99.0.1 netmask 255.255.255.252`; Linux: `sudo ip addr add 10.0.0.1/24 dev <netdev>`) and check "
     "`ibv_devinfo -d <dev> -v | grep ffff`."};
 
 inline constexpr Diagnosis gid_stale_macos{
@@ -606,7 +610,7 @@ inline constexpr Diagnosis gid_stale_macos{
     "came back different (for minutes after a link renegotiation), so the old GID would fail at "
     "RTR.",
     "Re-select from a fresh table at every connect (tbverbs does) and use a static address per "
-    "cable: `sudo networksetup -setmanual \"<service for enN>\" 169.254.10.1 255.255.0.0 \"\"`."};
+    "cable, a /30: `sudo networksetup -setmanual \"<service for enN>\" 10.99.0.1 255.255.255.252 \"\"`."};
 
 inline constexpr Diagnosis gid_stale{
     "gid-stale",

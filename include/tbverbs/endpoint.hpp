@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iosfwd>
 #include <span>
 #include <string>
 
@@ -147,5 +148,37 @@ struct Endpoint {
   /// Equality of every field.
   friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
+
+/// One line with every field, in the order and style of `ibv_rc_pingpong`'s address lines: "QPN
+/// 0x000123, PSN 0x62a2f5, LID 0x0000, GID ::ffff:10.0.0.1 (RoCE v2), port 1, MTU 1024, UC,
+/// Thunderbolt, caps equal_frames" (the GID type, link layer and caps only when known or set).
+inline std::string to_string(const Endpoint& e) {
+  char nums[64];
+  std::snprintf(nums, sizeof nums, "QPN 0x%06x, PSN 0x%06x, LID 0x%04x, GID ", static_cast<unsigned>(e.qp_num),
+                static_cast<unsigned>(e.psn), static_cast<unsigned>(e.lid));
+  std::string s = nums + e.gid.to_string();
+  if (e.gid_type != GidType::unknown) s += " (" + std::string(gid_type_name(e.gid_type)) + ")";
+  s += ", port " + std::to_string(e.port) + ", MTU " + std::string(mtu_name(e.mtu)) + ", " +
+       std::string(qp_type_name(e.qp_type));
+  if (e.link_layer != LinkLayer::unspecified) s += ", " + std::string(link_layer_name(e.link_layer));
+  if (e.caps != EndpointCaps::none) {
+    s += ", caps";
+    if (has(e.caps, EndpointCaps::rdma_write)) s += " rdma_write";
+    if (has(e.caps, EndpointCaps::equal_frames)) s += " equal_frames";
+    const auto other = static_cast<std::uint32_t>(e.caps) &
+                       ~static_cast<std::uint32_t>(EndpointCaps::rdma_write | EndpointCaps::equal_frames);
+    if (other != 0) s += " 0x" + [&] {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "%x", static_cast<unsigned>(other));
+      return std::string(hex);
+    }();
+  }
+  return s;
+}
+/// Prints to_string(e): `std::cout << prepared->endpoint() << "\n"`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Endpoint& e) {
+  return os << to_string(e);
+}
 
 TBVERBS_NAMESPACE_END

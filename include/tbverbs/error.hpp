@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -173,28 +174,33 @@ struct Error {
   std::string message() const {
     std::string m;
     m.reserve(256);
+    // "ENOSYS (38: Function not implemented)", or "errno (4000: ...)" for a number without a name.
+    auto errno_text = [&] {
+      const auto name = detail::errno_name(sys_errno);
+      return std::string(name.empty() ? std::string_view("errno") : name) + " (" + std::to_string(sys_errno) +
+             ": " + std::strerror(sys_errno) + ")";
+    };
     m += step_name(step);
     if (kind == ErrorKind::wc_error) {
       m += ": work completion failed with ";
       m += wc_status_name(wc_status);
       m += " (" + std::to_string(wc_status) + ")";
       m += ", wr_id " + std::to_string(wr_id);
-    } else if (posted >= 0) {
-      m += " failed after posting " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
-           " of the chain; first not posted: wr_id " + std::to_string(wr_id);
-    } else if (kind == ErrorKind::verb_failed) {
+      if (sys_errno != 0) m += ", errno " + errno_text();
+    } else if (kind == ErrorKind::verb_failed || posted >= 0) {
+      // A verb that failed: "ibv_post_send failed with ENOMEM (12: ...) after posting ...".
       m += " failed";
+      if (sys_errno != 0) m += " with " + errno_text();
+      else if (kind == ErrorKind::verb_failed) m += " (the verb set no errno)";
+      if (posted >= 0)
+        m += " after posting " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
+             " of the chain; first not posted: wr_id " + std::to_string(wr_id);
     } else {
+      // A condition, with the errno that came with it as a separate fact (issue 13: "no RDMA
+      // device with ENOSYS" read as if the device had the errno).
       m += ": ";
       m += kind_name(kind);
-    }
-    if (sys_errno != 0) {
-      const auto name = detail::errno_name(sys_errno);
-      m += " with ";
-      m += name.empty() ? std::string_view("errno") : name;
-      m += " (" + std::to_string(sys_errno) + ": " + std::strerror(sys_errno) + ")";
-    } else if (kind == ErrorKind::verb_failed) {
-      m += " (the verb set no errno)";
+      if (sys_errno != 0) m += ", errno " + errno_text();
     }
     if (!device.empty() || port != 0 || gid_index >= 0 || qp_num != no_qp) {
       m += " [";
@@ -245,6 +251,14 @@ inline std::error_code make_error_code(ErrorKind k) noexcept {
 inline std::error_code Error::error_code() const noexcept {
   if (sys_errno != 0) return {sys_errno, std::generic_category()};
   return make_error_code(kind);
+}
+
+/// The whole report, as `message()` gives it.
+inline std::string to_string(const Error& e) { return e.message(); }
+/// Prints `e.message()`: `std::cerr << r.error() << "\n"`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Error& e) {
+  return os << e.message();
 }
 
 /// A failed Result holding `e`: `return fail(Error::from_errno(Step::alloc_pd));`.

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,6 +99,14 @@ public:
 private:
   std::array<std::uint8_t, 16> raw_{};
 };
+
+/// IPv6 text of `g` ("::ffff:10.0.0.1"), as `g.to_string()`.
+inline std::string to_string(const Gid& g) { return g.to_string(); }
+/// Prints the IPv6 text of `g`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const Gid& g) {
+  return os << g.to_string();
+}
 
 /// Dotted text of a host-order IPv4 address.
 inline std::string ipv4_to_string(std::uint32_t ipv4) {
@@ -202,6 +211,14 @@ private:
   detail::FixedString<64> device_;
   Platform platform_ = Platform::any;
 };
+
+/// "GID[1] ::ffff:10.0.0.1 RoCE v2 netdev eth0", as `s.describe()`.
+inline std::string to_string(const GidSelection& s) { return s.describe(); }
+/// Prints `s.describe()`.
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, const GidSelection& s) {
+  return os << s.describe();
+}
 
 /// A snapshot of one port's whole GID table (length from the port: 1024 on Thunderbolt), keeping
 /// every entry's index, its type and netdev where the platform says them, and the port's link
@@ -319,7 +336,7 @@ public:
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (entries_[i].is_ipv4_mapped() && entries_[i].ipv4() != 0)
         return make_selection(static_cast<int>(i), "first IPv4-mapped entry");
-    return fail(no_usable("no IPv4-mapped GID"));
+    return fail(no_usable({})); // the kind says "no IPv4-mapped GID"; the detail lists the entries
   }
 
   /// The IPv4-mapped entry for `ipv4` (host order): the address of the interface the bootstrap
@@ -333,7 +350,7 @@ public:
         if (types_[i] == GidType::roce_v2) break;
       }
     if (found >= 0) return make_selection(found, "entry matching the bootstrap IPv4 address");
-    Error e = no_usable("no GID for " + ipv4_to_string(ipv4));
+    Error e = no_usable("the address is " + ipv4_to_string(ipv4));
     e.kind = ErrorKind::gid_not_found;
     return fail(e);
   }
@@ -636,7 +653,7 @@ private:
       any = true;
       if (!g.is_link_local()) only_link_local = false;
     }
-    std::string why = what + ": " + summary();
+    std::string why = what.empty() ? summary() : what + ": " + summary();
     if (!any || only_link_local)
       why += " (only fe80:: entries: the interface behind this port has no IPv4 address)";
     Error e = Error::make(Step::select_gid, ErrorKind::no_ipv4_gid, why);

@@ -10,8 +10,27 @@
 #include <type_traits>
 #include <utility>
 
+// Debug precondition checks of the bundled Result: dereferencing an error (`*r`, `r->`) or asking
+// a value for its error prints what was done and the held error's message, then aborts, so code
+// that skipped a check fails with the reason instead of running on garbage. On unless NDEBUG is
+// defined, as `assert` is; define TBVERBS_RESULT_CHECKS to 0 or 1 to choose. (std::expected has
+// no such hook: there, the standard library's own assertions apply, e.g. _GLIBCXX_ASSERTIONS.)
+#if !defined(TBVERBS_RESULT_CHECKS)
+#if defined(NDEBUG)
+/// 1 when the bundled Result checks its preconditions (debug builds), 0 when it does not.
+#define TBVERBS_RESULT_CHECKS 0
+#else
+/// 1 when the bundled Result checks its preconditions (debug builds), 0 when it does not.
+#define TBVERBS_RESULT_CHECKS 1
+#endif
+#endif
+
 #if TBVERBS_EXPECTED_IS_STD
 #include <expected>
+#else
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #endif
 
 TBVERBS_NAMESPACE_BEGIN
@@ -29,14 +48,33 @@ template <class E> using bad_expected_access = std::bad_expected_access<E>;
 
 #else
 
+namespace detail {
+/// The held error's text: `message()` where E has one (tbverbs::Error), else empty.
+template <class E> std::string error_text(const E& e) {
+  if constexpr (requires { std::string(e.message()); }) return std::string(e.message());
+  else return {};
+}
+
+/// Reports a broken precondition of the bundled expected on stderr, with the held error's
+/// message when there is one, and aborts (the debug check; see TBVERBS_RESULT_CHECKS).
+[[noreturn, gnu::cold]] inline void result_precondition_failed(const char* what, const std::string& error) noexcept {
+  std::fprintf(stderr, "tbverbs::Result: %s\n", what);
+  if (!error.empty()) std::fprintf(stderr, "the Result holds this error:\n%s\n", error.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+} // namespace detail
+
 /// What `value()` throws when an error is held (bundled std::bad_expected_access): the bundled
 /// Result behaves as std::expected does, so the same code means the same under every `-std`.
 template <class E> class bad_expected_access : public std::exception {
 public:
-  /// Keeps a copy of the error.
-  explicit bad_expected_access(E e) : error_(std::move(e)) {}
-  /// A fixed text (the error itself is in `error()`).
-  const char* what() const noexcept override { return "bad access to tbverbs::expected without a value"; }
+  /// Keeps a copy of the error and, for what(), its message.
+  explicit bad_expected_access(E e)
+      : error_(std::move(e)), what_("bad access to tbverbs::expected without a value: " + detail::error_text(error_)) {}
+  /// "bad access to tbverbs::expected without a value: " and the error's message, so an uncaught
+  /// one says why (std::terminate prints what()).
+  const char* what() const noexcept override { return what_.c_str(); }
   /// The error that was held.
   const E& error() const& noexcept { return error_; }
   /// The error that was held.
@@ -44,16 +82,17 @@ public:
 
 private:
   E error_;
+  std::string what_;
 };
 
 namespace detail {
-/// Throws bad_expected_access<E>(e), or aborts when exceptions are off (as libstdc++ does).
+/// Throws bad_expected_access<E>(e); when exceptions are off, prints the error's message and
+/// aborts (where libstdc++ would abort without one).
 template <class E> [[noreturn, gnu::cold]] void throw_bad_expected_access(const E& e) {
 #if defined(__cpp_exceptions)
   throw bad_expected_access<E>(e);
 #else
-  (void)e;
-  std::terminate();
+  result_precondition_failed("value() on a Result that holds an error", error_text(e));
 #endif
 }
 } // namespace detail
@@ -178,23 +217,47 @@ public:
     if (!has_) detail::throw_bad_expected_access(err_);
     return std::move(val_);
   }
-  /// The value; precondition: has_value().
-  constexpr T& operator*() & noexcept { return val_; }
-  /// The value; precondition: has_value().
-  constexpr const T& operator*() const& noexcept { return val_; }
-  /// The value; precondition: has_value().
-  constexpr T&& operator*() && noexcept { return std::move(val_); }
-  /// Member access to the value; precondition: has_value().
-  constexpr T* operator->() noexcept { return &val_; }
-  /// Member access to the value; precondition: has_value().
-  constexpr const T* operator->() const noexcept { return &val_; }
+  /// The value; precondition: has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr T& operator*() & noexcept {
+    check_value("operator* on a Result that holds an error (test it first: `if (!r)`)");
+    return val_;
+  }
+  /// The value; precondition: has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr const T& operator*() const& noexcept {
+    check_value("operator* on a Result that holds an error (test it first: `if (!r)`)");
+    return val_;
+  }
+  /// The value; precondition: has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr T&& operator*() && noexcept {
+    check_value("operator* on a Result that holds an error (test it first: `if (!r)`)");
+    return std::move(val_);
+  }
+  /// Member access to the value; precondition: has_value() (checked in debug builds).
+  constexpr T* operator->() noexcept {
+    check_value("operator-> on a Result that holds an error (test it first: `if (!r)`)");
+    return &val_;
+  }
+  /// Member access to the value; precondition: has_value() (checked in debug builds).
+  constexpr const T* operator->() const noexcept {
+    check_value("operator-> on a Result that holds an error (test it first: `if (!r)`)");
+    return &val_;
+  }
 
-  /// The error; precondition: !has_value().
-  constexpr E& error() & noexcept { return err_; }
-  /// The error; precondition: !has_value().
-  constexpr const E& error() const& noexcept { return err_; }
-  /// The error; precondition: !has_value().
-  constexpr E&& error() && noexcept { return std::move(err_); }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr E& error() & noexcept {
+    check_error();
+    return err_;
+  }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr const E& error() const& noexcept {
+    check_error();
+    return err_;
+  }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr E&& error() && noexcept {
+    check_error();
+    return std::move(err_);
+  }
 
   /// The value, or `d` when an error is held.
   template <class U> constexpr T value_or(U&& d) const& {
@@ -249,6 +312,16 @@ public:
   }
 
 private:
+  constexpr void check_value([[maybe_unused]] const char* what) const noexcept {
+#if TBVERBS_RESULT_CHECKS
+    if (!has_) detail::result_precondition_failed(what, detail::error_text(err_));
+#endif
+  }
+  constexpr void check_error() const noexcept {
+#if TBVERBS_RESULT_CHECKS
+    if (has_) detail::result_precondition_failed("error() on a Result that holds a value", {});
+#endif
+  }
   template <class Self, class F> static constexpr auto and_then_impl(Self&& self, F&& f) {
     using R = std::remove_cvref_t<std::invoke_result_t<F, decltype(std::forward<Self>(self).val_)>>;
     static_assert(detail::is_expected<R>::value, "and_then: f must return an expected");
@@ -335,15 +408,30 @@ public:
   constexpr void value() const {
     if (!has_) detail::throw_bad_expected_access(err_);
   }
-  /// Does nothing (there is no value); precondition: has_value().
-  constexpr void operator*() const noexcept {}
+  /// Does nothing (there is no value); precondition: has_value() (checked in debug builds).
+  constexpr void operator*() const noexcept {
+#if TBVERBS_RESULT_CHECKS
+    if (!has_)
+      detail::result_precondition_failed("operator* on a Result that holds an error (test it first: `if (!r)`)",
+                                         detail::error_text(err_));
+#endif
+  }
 
-  /// The error; precondition: !has_value().
-  constexpr E& error() & noexcept { return err_; }
-  /// The error; precondition: !has_value().
-  constexpr const E& error() const& noexcept { return err_; }
-  /// The error; precondition: !has_value().
-  constexpr E&& error() && noexcept { return std::move(err_); }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr E& error() & noexcept {
+    check_error();
+    return err_;
+  }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr const E& error() const& noexcept {
+    check_error();
+    return err_;
+  }
+  /// The error; precondition: !has_value() (checked in debug builds: TBVERBS_RESULT_CHECKS).
+  constexpr E&& error() && noexcept {
+    check_error();
+    return std::move(err_);
+  }
 
   /// f() (which returns an expected with the same error type), or the error.
   template <class F> constexpr auto and_then(F&& f) const& {
@@ -376,6 +464,11 @@ public:
   }
 
 private:
+  constexpr void check_error() const noexcept {
+#if TBVERBS_RESULT_CHECKS
+    if (has_) detail::result_precondition_failed("error() on a Result that holds a value", {});
+#endif
+  }
   constexpr void destroy() noexcept {
     if (!has_) err_.~E();
   }

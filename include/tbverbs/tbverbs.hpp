@@ -11,6 +11,7 @@
 #include "diagnosis.hpp"
 #include "endpoint.hpp"
 #include "error.hpp"
+#include "format.hpp"
 #include "gid.hpp"
 #include "loader.hpp"
 #include "memory_region.hpp"

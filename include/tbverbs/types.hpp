@@ -7,6 +7,8 @@
 #include "detail/abi.hpp"
 
 #include <cstdint>
+#include <iosfwd>
+#include <string>
 #include <string_view>
 
 TBVERBS_NAMESPACE_BEGIN
@@ -31,6 +33,29 @@ enum class Mtu : std::uint8_t {
 constexpr int mtu_bytes(Mtu m) noexcept {
   const int v = static_cast<int>(m);
   return v >= 1 && v <= 5 ? 128 << v : 0;
+}
+
+/// Printable name of a QP type as verbs programs name it ("RC", "UC", "UD"); "unknown QP type"
+/// for a value tbverbs does not know.
+constexpr std::string_view qp_type_name(QpType t) noexcept {
+  switch (t) {
+  case QpType::rc: return "RC";
+  case QpType::uc: return "UC";
+  case QpType::ud: return "UD";
+  }
+  return "unknown QP type";
+}
+
+/// Printable MTU in bytes, as `ibv_devinfo` prints it ("1024"); "unknown MTU" for another code.
+constexpr std::string_view mtu_name(Mtu m) noexcept {
+  switch (m) {
+  case Mtu::mtu256: return "256";
+  case Mtu::mtu512: return "512";
+  case Mtu::mtu1024: return "1024";
+  case Mtu::mtu2048: return "2048";
+  case Mtu::mtu4096: return "4096";
+  }
+  return "unknown MTU";
 }
 
 /// Port state (values of `enum ibv_port_state`).
@@ -146,5 +171,48 @@ struct QpCapacities {
   std::uint32_t max_recv_sge = 1;    ///< Scatter-gather entries per receive.
   std::uint32_t max_inline_data = 0; ///< Inline bytes (0: undocumented on Apple's driver).
 };
+
+// ---- printing -------------------------------------------------------------------------------
+// to_string and operator<< for the enums above: `std::cout << qp.type()` prints "UC". The
+// operators are templates on the stream's traits, so this header needs only <iosfwd>; a program
+// that prints has <ostream> (or <iostream>) included anyway. std::formatter specialisations are
+// in format.hpp.
+
+/// "RC", "UC" or "UD".
+inline std::string to_string(QpType t) { return std::string(qp_type_name(t)); }
+/// The MTU in bytes: "1024".
+inline std::string to_string(Mtu m) { return std::string(mtu_name(m)); }
+/// "PORT_ACTIVE", as `ibv_devinfo` prints the state.
+inline std::string to_string(PortState s) { return std::string(port_state_name(s)); }
+/// "Thunderbolt", "Ethernet", "InfiniBand", as `ibv_devinfo` prints the link layer.
+inline std::string to_string(LinkLayer l) { return std::string(link_layer_name(l)); }
+/// "RoCE v2", "RoCE v1", "IB" or "unknown".
+inline std::string to_string(GidType t) { return std::string(gid_type_name(t)); }
+
+/// Prints qp_type_name(t).
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, QpType t) {
+  return os << qp_type_name(t);
+}
+/// Prints mtu_name(m).
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, Mtu m) {
+  return os << mtu_name(m);
+}
+/// Prints port_state_name(s).
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, PortState s) {
+  return os << port_state_name(s);
+}
+/// Prints link_layer_name(l).
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, LinkLayer l) {
+  return os << link_layer_name(l);
+}
+/// Prints gid_type_name(t).
+template <class Traits>
+std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& os, GidType t) {
+  return os << gid_type_name(t);
+}
 
 TBVERBS_NAMESPACE_END

@@ -1,6 +1,8 @@
 # Builds and runs result_backends.cpp with clang++-19, -std=c++23 and libc++, requiring the
 # std::expected backend (RESULT_TEST_REQUIRE_STD=1). Inputs: CLANGXX, SOURCE, INCLUDE_DIR,
-# WORK_DIR.
+# WORK_DIR; optional NAME (the program's name, default result_backends) and DEFINES (default
+# -DRESULT_TEST_REQUIRE_STD=1), so other self-checking programs run the same way
+# (tests/printing/format_check.cpp).
 #
 # Missing clang-19 or a libc++ with the monadic std::expected is reported as skipped, never as a
 # pass: the script prints the skip marker matched by the test's SKIP_REGULAR_EXPRESSION, and
@@ -24,6 +26,12 @@ if(NOT CLANGXX OR NOT EXISTS "${CLANGXX}")
   run_or_skip("clang++-19 not found (install clang-19 and libc++-19-dev)")
 endif()
 file(MAKE_DIRECTORY "${WORK_DIR}")
+if(NOT DEFINED NAME)
+  set(NAME result_backends)
+endif()
+if(NOT DEFINED DEFINES)
+  set(DEFINES -DRESULT_TEST_REQUIRE_STD=1)
+endif()
 
 # libc++'s directory, so the programs run without LD_LIBRARY_PATH wherever libc++ lives.
 set(_rpath "")
@@ -64,15 +72,15 @@ endif()
 # The test itself: from here on every problem is a failure.
 execute_process(
   COMMAND "${CLANGXX}" -std=c++23 -stdlib=libc++ -Wall -Wextra -Wpedantic -Werror
-          -DRESULT_TEST_REQUIRE_STD=1 -I "${INCLUDE_DIR}" ${_rpath}
-          "${SOURCE}" -o "${WORK_DIR}/result_backends"
+          ${DEFINES} -I "${INCLUDE_DIR}" ${_rpath}
+          "${SOURCE}" -o "${WORK_DIR}/${NAME}"
   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "compiling ${SOURCE} with ${CLANGXX} -std=c++23 -stdlib=libc++ failed:\n${_out}")
 endif()
-execute_process(COMMAND "${WORK_DIR}/result_backends"
+execute_process(COMMAND "${WORK_DIR}/${NAME}"
   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
 message(STATUS "${_out}")
 if(NOT _rc EQUAL 0)
-  message(FATAL_ERROR "result_backends (clang-19, libc++) failed with exit code ${_rc}")
+  message(FATAL_ERROR "${NAME} (clang-19, libc++) failed with exit code ${_rc}")
 endif()

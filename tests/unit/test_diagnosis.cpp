@@ -187,12 +187,14 @@ TEST_CASE("no device: distinct hints for RDMA disabled, not Thunderbolt 5, and L
   }
 }
 
-TEST_CASE("device name not found: N available, rdma_enN pairs with enN", "[diagnosis][device]") {
+TEST_CASE("device name not found: the error lists the devices, rdma_enN pairs with enN", "[diagnosis][device]") {
   Error e = cond(apple, Step::open_device, ErrorKind::device_not_found,
                  "rdma_en5 not found; 2 available: rdma_en2, rdma_en3");
   e.on("rdma_en5");
   CHECK(id_of(e) == "device-not-found-macos");
-  CHECK(says(e, "Name not found (N available"));
+  // Issue 13: no literal "N available"; the error itself lists the devices.
+  CHECK(says(e, "No device has the configured name (the error lists the devices that exist)"));
+  CHECK_FALSE(says(e, "N available"));
   CHECK(says(e, "networksetup -listallhardwareports"));
   CHECK(e.message().find("2 available: rdma_en2, rdma_en3") != std::string::npos);
   CHECK(id_of(cond(linux_rc, Step::open_device, ErrorKind::device_not_found)) == "device-not-found");
@@ -406,7 +408,10 @@ TEST_CASE("RTR EINVAL: no IPv4-mapped GID on Apple, GRH/MTU on rdma-core", "[dia
   CHECK(id_of(mac) == "rtr-einval-no-ipv4-gid");
   CHECK(says(mac, "no IPv4-mapped GID"));
   CHECK(says(mac, "networksetup -setmanual"));
-  CHECK(says(mac, "ifconfig enN inet 169.254.10.1 netmask 255.255.0.0 alias"));
+  // Issue 13: one /30 per cable, never a 169.254/16 address (docs/thunderbolt.md: macOS keeps one
+  // route for all of 169.254/16, through one interface).
+  CHECK(says(mac, "ifconfig enN inet 10.99.0.1 netmask 255.255.255.252"));
+  CHECK_FALSE(says(mac, "169.254.10"));
   CHECK(says(mac, "bridge0"));    // row 13
   CHECK(says(mac, "sgid_index")); // row 12
   CHECK(says(mac, "`ibv_devinfo -d rdma_enN -v | grep ffff`"));
@@ -600,6 +605,20 @@ TEST_CASE("GID selection: no IPv4-mapped GID, stale, not found, bad operator ind
   const Error idx = cond(any, Step::configure, ErrorKind::gid_index_invalid);
   CHECK(id_of(idx) == "gid-index-invalid");
   CHECK(says(idx, "TBVERBS_GID_INDEX"));
+}
+
+TEST_CASE("issue 13: no remedy suggests a 169.254/16 address for a port", "[diagnosis][gid]") {
+  // docs/thunderbolt.md: macOS keeps one route for 169.254/16, through one interface, so every
+  // cable needs its own subnet. The catalogue may name 169.254/16 only to say why not.
+  for (const auto& r : tbverbs::diagnosis_catalogue) {
+    const std::string_view remedy = r.diagnosis.remedy;
+    INFO(r.diagnosis.id << ": " << remedy);
+    CHECK(remedy.find("169.254.") == std::string_view::npos);
+  }
+  for (Platform p : {apple, any}) {
+    const Error none = cond(p, Step::select_gid, ErrorKind::no_ipv4_gid);
+    CHECK(says(none, "10.99.0.1 netmask 255.255.255.252"));
+  }
 }
 
 TEST_CASE("endpoints: bad frames and incompatible peers", "[diagnosis][endpoint]") {
