@@ -2,17 +2,26 @@
 //
 // Two processes (fork): the sender on hostA, the receiver on hostB, one UC QP
 // each, raw verbs calls. Reports, as CSV on stdout:
-//   bw,<bytes>,<messages>,<seconds>,<emu GB/s>,<memcpy GB/s>,<ratio>
-//   lat,4096,<round trips>,<seconds>,<round-trip us>,<one-way us>,
+//   bw,<bytes>,<messages>,<seconds>,<emu GB/s>,<memcpy GB/s>,<ratio>,<model GB/s>,<ratio to model>
+//   lat,<bytes>,<round trips>,<seconds>,<round-trip us>,<one-way us>,,<model one-way us>,<ratio to model>
 // where memcpy GB/s is single-thread memcpy of the same message size measured in
-// the same run, so the ratio is machine independent.
+// the same run, so the ratio is machine independent. The bandwidth is the receiver's:
+// (messages - 1) x bytes over the time from its first to its last receive completion,
+// so neither the start-up nor the latency of the last message counts. With a paced link
+// (--link-gbps, --link-latency-us: docs/emulator.md, "Link pacing") the model columns hold the
+// link's bandwidth and the model's one-way time (bytes / B + L), and a `link` row the latency
+// measured (the typical, i.e. median, one-way time minus bytes / B) against L; unpaced they are
+// empty.
 #include <infiniband/verbs.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "device_file.hpp"  // examples/ring_all_sum: ring::parse_size, the ring's size syntax
 #include "tbverbs_emu/control.h"
 
 namespace {
@@ -120,23 +130,31 @@ void post_send(Endpoint& e, char* addr, uint32_t len, uint32_t lkey, uint64_t id
 // Completions seen but not yet waited for, by kind (0 = send, 1 = receive): a
 // wait for one kind must not throw away completions of the other.
 long g_seen[2] = {0, 0};
+// Bound of every completion wait (--timeout).
+std::chrono::milliseconds g_timeout{30000};
+// When this process last saw a receive completion (the receiver's bandwidth clock).
+Clock::time_point g_last_recv;
 
 // Waits (bounded) for `want` completions of one kind (receives carry bit 63 in wr_id).
 void wait_cq(Endpoint& e, int want, bool recv_tag) {
   ibv_wc wc[32];
-  auto deadline = Clock::now() + std::chrono::seconds(30);
+  auto deadline = Clock::now() + g_timeout;
   while (g_seen[recv_tag] < want) {
     int n = ibv_poll_cq(e.cq, 32, wc);
     if (n < 0) die("ibv_poll_cq");
+    bool recv = false;
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         std::fprintf(stderr, "p2p_bench: completion error %s\n", ibv_wc_status_str(wc[i].status));
         std::exit(1);
       }
+      recv = recv || (wc[i].wr_id >> 63) != 0;
       ++g_seen[(wc[i].wr_id >> 63) != 0];
     }
+    if (recv) g_last_recv = Clock::now();
     if (n == 0 && Clock::now() > deadline) {
-      std::fprintf(stderr, "p2p_bench: timed out waiting for completions\n");
+      std::fprintf(stderr, "p2p_bench: no completion for %lld ms (--timeout)\n",
+                   static_cast<long long>(g_timeout.count()));
       std::exit(1);
     }
   }
@@ -148,40 +166,59 @@ constexpr uint64_t kRecv = 1ull << 63;
 struct SizePlan {
   size_t size;
   int messages;
-  int window;
+  int window;  // messages per credit
+  int depth;   // windows of receives posted ahead (the link does not wait for a credit)
 };
 
-std::vector<SizePlan> plan(size_t min_size, size_t max_size, double budget_bytes) {
+// `budget_bytes` per size; `queue_frames`: the Thunderbolt receive queue in 4 KiB frames (0: RC).
+std::vector<SizePlan> plan(size_t min_size, size_t max_size, double budget_bytes, uint32_t queue_frames) {
   std::vector<SizePlan> v;
   for (size_t s = min_size; s <= max_size; s *= 2) {
     int msgs = static_cast<int>(std::clamp(budget_bytes / double(s), 16.0, 20000.0));
-    int window = static_cast<int>(std::clamp<size_t>((8u << 20) / s, 1, 64));
+    int window = static_cast<int>(std::clamp<size_t>((4u << 20) / s, 1, 64));
     msgs = (msgs + window - 1) / window * window;
-    v.push_back({s, msgs, window});
+    // Up to 4 windows ahead: a window of one large message on a paced link must not wait for the
+    // credit's round trip (2 L) behind it. Thunderbolt counts its queue in frames.
+    const size_t frames = (s + 4095) / 4096;
+    int depth = 4;
+    while (depth > 1 && queue_frames != 0 && depth * window * frames + 16 > queue_frames) depth /= 2;
+    v.push_back({s, msgs, window, depth});
   }
   return v;
 }
 
-// Receiver: per batch, post `window` receives, tell the sender (token), take them.
-void run_receiver(Endpoint& e, const std::vector<SizePlan>& sizes, int lat_iters) {
+// Receiver: per size, `depth` windows of receives posted ahead, each announced with a credit
+// token; a window taken, the next one posted. Then an "all received" token carrying the time from
+// the first to the last receive completion (ns), and the latency echo.
+void run_receiver(Endpoint& e, const std::vector<SizePlan>& sizes, size_t lat_size, int lat_iters) {
   for (const auto& p : sizes) {
-    for (int done = 0; done < p.messages; done += p.window) {
+    const int batches = p.messages / p.window;
+    auto credit = [&] {
       for (int i = 0; i < p.window; ++i) post_recv(e, e.data, static_cast<uint32_t>(p.size), e.data_mr->lkey, kRecv | i);
-      post_send(e, e.tok, 0, e.tok_mr->lkey, 1, true);  // credit token
-      wait_cq(e, 1, false);
-      wait_cq(e, p.window, true);
+      post_send(e, e.tok, 0, e.tok_mr->lkey, 1, false);  // unsignaled: nothing to reap
+    };
+    for (int b = 0; b < std::min(p.depth, batches); ++b) credit();
+    Clock::time_point first{};
+    for (int b = 0; b < batches; ++b) {
+      for (int i = 0; i < p.window; ++i) {
+        wait_cq(e, 1, true);
+        if (b == 0 && i == 0) first = g_last_recv;
+      }
+      if (b + p.depth < batches) credit();
     }
-    post_send(e, e.tok, 0, e.tok_mr->lkey, 2, true);  // "all received"
+    const int64_t span_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(g_last_recv - first).count();
+    std::memcpy(e.tok, &span_ns, sizeof span_ns);
+    post_send(e, e.tok, sizeof span_ns, e.tok_mr->lkey, 2, true);  // "all received"
     wait_cq(e, 1, false);
   }
-  // Latency: echo every 4 KiB message back.
-  post_recv(e, e.data, 4096, e.data_mr->lkey, kRecv);
+  // Latency: echo every message back.
+  post_recv(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, kRecv);
   post_send(e, e.tok, 0, e.tok_mr->lkey, 3, true);  // ready
   wait_cq(e, 1, false);
   for (int i = 0; i < lat_iters; ++i) {
     wait_cq(e, 1, true);
-    post_recv(e, e.data, 4096, e.data_mr->lkey, kRecv);
-    post_send(e, e.data, 4096, e.data_mr->lkey, 4, false);
+    post_recv(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, kRecv);
+    post_send(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, 4, false);
   }
 }
 
@@ -200,43 +237,84 @@ double memcpy_gbps(size_t size, double budget_bytes) {
   return double(size) * reps / s / 1e9;
 }
 
+// A size option in the ring's syntax (4K, 64M); exits with a message for anything else.
+size_t size_arg(const std::string& text, const char* option) {
+  auto v = ring::parse_size(text);
+  if (!v || *v == 0 || *v > (1ull << 31)) {
+    std::fprintf(stderr, "p2p_bench: %s %s: expected a size like 4K, 1M, 64M (1 byte to 2G)\n", option, text.c_str());
+    std::exit(2);
+  }
+  return *v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t min_size = 1024, max_size = 64u << 20;
-  double budget = 256.0 * (1 << 20);
-  int lat_iters = 20000;
+  CLI::App app{"tbverbs_p2p_bench: point-to-point bandwidth and latency over the emulated fabric (two processes, "
+               "one UC QP each, raw verbs), as CSV"};
+  bool quick = false;
+  std::string min_text = "1K", max_text = "64M", lat_text = "4K";
   std::string profile = "rdma-core-rc";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") {
-      budget = 32.0 * (1 << 20);
-      lat_iters = 2000;
-    } else if (a == "--max" && i + 1 < argc) {
-      max_size = std::strtoull(argv[++i], nullptr, 0);
-    } else if (a == "--profile" && i + 1 < argc) {
-      profile = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: p2p_bench [--quick] [--max BYTES] [--profile rdma-core-rc|thunderbolt]\n");
-      return 2;
-    }
-  }
+  double link_gbps = 0, link_latency_us = -1;
+  int lat_iters = 0;
+  long long timeout_ms = 30000;
+  app.add_flag("--quick", quick, "a short run (32 MiB per size, 2000 round trips; paced: about 0.1 s per size)");
+  app.add_option("--min", min_text, "smallest message, e.g. 1K")->capture_default_str();
+  app.add_option("--max", max_text, "largest message, e.g. 4M (Thunderbolt: at most 8M)")->capture_default_str();
+  app.add_option("--lat-size", lat_text, "message of the latency ping-pong")->capture_default_str();
+  app.add_option("--lat-iters", lat_iters, "round trips of the latency ping-pong (default: by mode)");
+  app.add_option("--profile", profile, "emulated NICs")
+      ->check(CLI::IsMember({"rdma-core-rc", "thunderbolt"}))
+      ->capture_default_str();
+  app.add_option("--link-gbps", link_gbps, "pace the cable: bandwidth of each direction, GB/s (docs/emulator.md)")
+      ->check(CLI::Range(1e-6, 1e6));
+  app.add_option("--link-latency-us", link_latency_us, "pace the cable: latency of each direction, us")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--timeout", timeout_ms, "ms: bound of every completion wait")
+      ->check(CLI::Range(1LL, 3600000LL))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const size_t min_size = size_arg(min_text, "--min");
+  size_t max_size = size_arg(max_text, "--max");
+  const size_t lat_size = size_arg(lat_text, "--lat-size");
+  g_timeout = std::chrono::milliseconds(timeout_ms);
   const bool tb = profile == "thunderbolt";
-  if (!tb && profile != "rdma-core-rc") {
-    std::fprintf(stderr, "p2p_bench: unknown profile %s\n", profile.c_str());
+  if (tb) max_size = std::min<size_t>(max_size, 8u << 20);  // Thunderbolt's cap is 4095 frames
+  if (min_size > max_size || (tb && lat_size > (8u << 20))) {
+    std::fprintf(stderr, "p2p_bench: --min must not exceed --max (Thunderbolt: messages of at most 8M)\n");
     return 2;
   }
-  if (tb) max_size = std::min<size_t>(max_size, 8u << 20);  // Thunderbolt's cap is 4095 frames
+  const bool paced = link_gbps > 0 || link_latency_us >= 0;
+  const double lat_us = std::max(0.0, link_latency_us);
+  // Unpaced: 256 MiB per size (32 quick). Paced: what the link carries in 0.4 s (0.1 quick), so a
+  // slow link does not take minutes, and every size is long against the latency.
+  double budget = (quick ? 32.0 : 256.0) * (1 << 20);
+  if (link_gbps > 0) budget = link_gbps * 1e9 * (quick ? 0.1 : 0.4);
+  if (lat_iters <= 0) {
+    lat_iters = quick ? 2000 : 20000;
+    if (paced) {  // about 0.2 s (0.05 quick) of round trips, at least 20
+      const double rtt_us = 2 * ((link_gbps > 0 ? double(lat_size) / link_gbps / 1e3 : 0) + lat_us);
+      lat_iters = static_cast<int>(std::clamp((quick ? 5e4 : 2e5) / std::max(rtt_us, 1.0), 20.0, double(lat_iters)));
+    }
+  }
   // A private two-host fabric (default rdma-core-rc: no 16 MiB Thunderbolt message cap).
   char tmpl[] = "/tmp/tbverbs-p2p-XXXXXX";
   if (!mkdtemp(tmpl)) die("mkdtemp");
   std::string fabric = std::string(tmpl) + "/fabric.json";
-  std::ofstream(fabric) << R"({"profile": ")" << profile << R"(", "hosts": [
+  std::string link;
+  if (paced) {
+    link = R"("link": {)";
+    if (link_gbps > 0) link += R"("gbytes_per_s": )" + std::to_string(link_gbps) + (link_latency_us >= 0 ? ", " : "");
+    if (link_latency_us >= 0) link += R"("latency_us": )" + std::to_string(link_latency_us);
+    link += "}, ";
+  }
+  std::ofstream(fabric) << R"({"profile": ")" << profile << R"(", )" << link << R"("hosts": [
       {"name": "hostA", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.1/30"}]}]},
       {"name": "hostB", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.0.0.2/30"}]}]}],
     "cables": [["hostA:rdma_en1:1", "hostB:rdma_en1:1"]]})";
   setenv("TBVERBS_EMU_FABRIC", fabric.c_str(), 1);
-  auto sizes = plan(min_size, max_size, budget);
+  auto sizes = plan(min_size, max_size, budget, tb ? 4095 : 0);
 
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) die("socketpair");
@@ -244,7 +322,7 @@ int main(int argc, char** argv) {
   if (child < 0) die("fork");
   const bool sender = child != 0;
   Endpoint e;
-  open_endpoint(e, sender ? "hostA" : "hostB", max_size, 64, tb);
+  open_endpoint(e, sender ? "hostA" : "hostB", std::max(max_size, lat_size), 4 * 64 + 8, tb);
   int fd = sender ? sv[0] : sv[1];
   uint32_t mine = e.qp->qp_num, theirs = 0;
   if (write(fd, &mine, 4) != 4 || read(fd, &theirs, 4) != 4) die("qpn exchange");
@@ -260,46 +338,77 @@ int main(int argc, char** argv) {
   if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1) die("barrier");
 
   if (!sender) {
-    run_receiver(e, sizes, lat_iters);
+    run_receiver(e, sizes, lat_size, lat_iters);
     _exit(0);
   }
 
-  std::printf("kind,bytes,count,seconds,emu_GBps_or_rtt_us,memcpy_GBps_or_oneway_us,ratio\n");
-  double ratio_4m = 0;
+  auto model = [&](double v) { return paced && v > 0 ? std::to_string(v) : std::string(); };
+  auto ratio = [&](double got, double want) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.4f", got / want);
+    return paced && want > 0 ? std::string(b) : std::string();
+  };
+  std::printf("kind,bytes,count,seconds,emu_GBps_or_rtt_us,memcpy_GBps_or_oneway_us,ratio,model,ratio_to_model\n");
+  double ratio_4m = 0, last_gbps = 0;
   for (const auto& p : sizes) {
+    const int batches = p.messages / p.window;
     auto t0 = Clock::now();
-    for (int done = 0; done < p.messages; done += p.window) {
+    for (int b = 0; b < batches; ++b) {
       wait_cq(e, 1, true);  // credit: window receives are posted
       post_recv(e, e.tok, sizeof e.tok, e.tok_mr->lkey, kRecv | 1000);
       for (int i = 0; i < p.window; ++i)
         post_send(e, e.data, static_cast<uint32_t>(p.size), e.data_mr->lkey, static_cast<uint64_t>(i),
                   i == p.window - 1);
-      wait_cq(e, 1, false);
+      if (b + 1 >= p.depth) wait_cq(e, 1, false);  // at most `depth` windows of sends outstanding
     }
-    wait_cq(e, 1, true);  // all received
+    wait_cq(e, batches - std::max(0, batches - p.depth + 1), false);  // the windows not yet waited for
+    wait_cq(e, 1, true);  // all received: the receiver's first-to-last time
+    int64_t span_ns = 0;
+    std::memcpy(&span_ns, e.tok, sizeof span_ns);
     post_recv(e, e.tok, sizeof e.tok, e.tok_mr->lkey, kRecv | 1000);
     double s = seconds_since(t0);
-    double gbps = double(p.size) * p.messages / s / 1e9;
-    double mc = memcpy_gbps(p.size, budget);
-    std::printf("bw,%zu,%d,%.6f,%.3f,%.3f,%.3f\n", p.size, p.messages, s, gbps, mc, gbps / mc);
+    double gbps = span_ns > 0 ? double(p.size) * (p.messages - 1) / double(span_ns) : 0;
+    double mc = memcpy_gbps(p.size, std::min(budget, 256.0 * (1 << 20)));
+    std::printf("bw,%zu,%d,%.6f,%.3f,%.3f,%.3f,%s,%s\n", p.size, p.messages, s, gbps, mc, gbps / mc,
+                model(link_gbps).c_str(), ratio(gbps, link_gbps).c_str());
     std::fflush(stdout);
     if (p.size == (4u << 20)) ratio_4m = gbps / mc;
+    last_gbps = gbps;
   }
-  // Latency: 4 KiB ping-pong.
+  // Latency: ping-pong.
   wait_cq(e, 1, true);  // receiver ready
-  post_recv(e, e.data, 4096, e.data_mr->lkey, kRecv);
+  post_recv(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, kRecv);
+  std::vector<double> rtts(static_cast<size_t>(lat_iters));
   auto t0 = Clock::now();
   for (int i = 0; i < lat_iters; ++i) {
-    post_send(e, e.data, 4096, e.data_mr->lkey, 5, false);
+    const auto t = Clock::now();
+    post_send(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, 5, false);
     wait_cq(e, 1, true);
-    post_recv(e, e.data, 4096, e.data_mr->lkey, kRecv);
+    rtts[static_cast<size_t>(i)] = seconds_since(t) * 1e6;
+    post_recv(e, e.data, static_cast<uint32_t>(lat_size), e.data_mr->lkey, kRecv);
   }
   double s = seconds_since(t0);
   double rtt = s / lat_iters * 1e6;
-  std::printf("lat,4096,%d,%.6f,%.3f,%.3f,\n", lat_iters, s, rtt, rtt / 2);
+  // The typical round trip (median, as perftest's t_typical): a round trip that lost the CPU to
+  // another process for a scheduler slice does not move it.
+  std::nth_element(rtts.begin(), rtts.begin() + lat_iters / 2, rtts.end());
+  const double typical = rtts[static_cast<size_t>(lat_iters / 2)];
+  const double wire_us = link_gbps > 0 ? double(lat_size) / link_gbps / 1e3 : 0;  // bytes / B
+  std::printf("lat,%zu,%d,%.6f,%.3f,%.3f,,%s,%s\n", lat_size, lat_iters, s, rtt, rtt / 2,
+              model(wire_us + lat_us).c_str(), ratio(rtt / 2, wire_us + lat_us).c_str());
+  if (paced && lat_us > 0)
+    std::printf("link,%zu,%d,%.6f,%.3f,,,%s,%s\n", lat_size, lat_iters, s, typical / 2 - wire_us, model(lat_us).c_str(),
+                ratio(typical / 2 - wire_us, lat_us).c_str());
   int st = 0;
   waitpid(child, &st, 0);
-  std::fprintf(stderr, "p2p_bench: 4 MiB bandwidth ratio to memcpy %.3f; 4 KiB round trip %.2f us\n", ratio_4m, rtt);
+  std::fprintf(stderr, "p2p_bench: 4 MiB bandwidth ratio to memcpy %.3f; %zu-byte round trip %.2f us\n", ratio_4m,
+               lat_size, rtt);
+  if (paced)
+    std::fprintf(stderr,
+                 "p2p_bench: link model %s GB/s, %.3f us: measured %.4f GB/s at %zu bytes, latency %.2f us (typical "
+                 "one-way minus bytes / B)\n",
+                 link_gbps > 0 ? std::to_string(link_gbps).c_str() : "unpaced", lat_us, last_gbps, sizes.back().size,
+                 typical / 2 - wire_us);
   std::error_code ec;
   if (const char* sd = tbemu_state_dir(fabric.c_str())) std::filesystem::remove_all(sd, ec);
   std::filesystem::remove_all(tmpl, ec);

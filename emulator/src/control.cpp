@@ -386,7 +386,17 @@ EMU_EXPORT const char* tbemu_describe(const char* fabric) {
         o << "    port " << f->ports[p].port_num << ": " << (sp.up ? "up" : "down") << ", "
           << (port_active(*f, p) ? "PORT_ACTIVE" : "PORT_DOWN") << ", ipv4 "
           << (sp.has_ip ? format_ipv4(sp.ip) + "/" + std::to_string(sp.prefix) : std::string("none")) << ", cable "
-          << (f->ports[p].peer >= 0 ? f->port_label(f->ports[p].peer) : std::string("none")) << "\n";
+          << (f->ports[p].peer >= 0 ? f->port_label(f->ports[p].peer) : std::string("none"));
+        const LinkModel& lk = f->ports[p].link;
+        if (f->ports[p].peer >= 0 && lk.paced()) {  // docs/emulator.md, "Link pacing"
+          char buf[96];
+          if (lk.ns_per_byte > 0)
+            std::snprintf(buf, sizeof buf, ", link %.6g GB/s, %.6g us", 1.0 / lk.ns_per_byte, double(lk.latency_ns) / 1000.0);
+          else
+            std::snprintf(buf, sizeof buf, ", link unpaced bandwidth, %.6g us", double(lk.latency_ns) / 1000.0);
+          o << buf;
+        }
+        o << "\n";
       }
     }
   }

@@ -13,6 +13,7 @@
 // the data and order is kept.
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -51,6 +52,9 @@ int64_t spin_ns() {
   return spin.load(std::memory_order_relaxed);
 }
 constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
+// Longest nap while a paced completion is pending: it ends at that completion's due time anyway;
+// the bound keeps a waiting thread coming back to its caller (liveness checks, deadlines).
+constexpr int64_t kPacedNapNs = 10 * 1000 * 1000;
 // Last time this thread got a completion or posted work (see emu_poll_cq).
 thread_local int64_t t_last_activity_ns = 0;
 
@@ -155,7 +159,29 @@ void tx_release(Shared* s, uint32_t qpn, uint32_t frames) {
   }
 }
 
-void complete_send(EmuQp* q, SendOp& op, ibv_wc_status st) {
+// Link pacing (docs/emulator.md, "Link pacing"): a message of `len` bytes leaving through `port`
+// now starts when the direction is free (the previous message's last byte), occupies it len / B,
+// and is delivered L after its last byte. Reserves the direction and returns the delivery time
+// (CLOCK_MONOTONIC ns), or 0 on an unpaced cable. Senders of several processes may share a port:
+// the busy clock moves by compare-and-swap.
+int64_t wire_due(Fabric& f, uint32_t port, uint64_t len) {
+  if (!f.paced || port >= f.ports.size()) return 0;
+  const LinkModel& m = f.ports[port].link;
+  if (!m.paced()) return 0;
+  const int64_t now = now_ns();
+  int64_t end = now;
+  if (m.ns_per_byte > 0) {
+    const auto busy_ns = static_cast<int64_t>(double(len) * m.ns_per_byte + 0.5);
+    int64_t* busy = &f.shm->ports[port].busy_until_ns;
+    int64_t cur = __atomic_load_n(busy, __ATOMIC_RELAXED);
+    do end = std::max(now, cur) + busy_ns;
+    while (!__atomic_compare_exchange_n(busy, &cur, end, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  }
+  return std::max<int64_t>(end + m.latency_ns, 1);  // 1: paced, due at once (0 means unpaced)
+}
+
+// `due`: when the completion may be handed out (wire_due; 0 = at once).
+void complete_send(EmuQp* q, SendOp& op, ibv_wc_status st, int64_t due = 0) {
   tx_release(q->ctx->fab->shm, q->s->qpn, op.frames_counted);
   op.frames_counted = 0;
   if (st == IBV_WC_SUCCESS && !(op.flags & IBV_SEND_SIGNALED) && !q->sq_sig_all) return;
@@ -165,12 +191,18 @@ void complete_send(EmuQp* q, SendOp& op, ibv_wc_status st) {
   wc.opcode = send_wc_opcode(op.opcode);
   wc.byte_len = static_cast<uint32_t>(op.len);
   wc.qp_num = q->qp.qp_num;
-  cq_push(*q->ctx->fab, q->scq->slot, wc, false);
+  cq_push(*q->ctx->fab, q->scq->slot, wc, false, due);
+}
+
+// A send that went out on the wire and completes successfully (delivered, or lost on the way as
+// UC loses): it occupies its direction and completes when the link model delivers it.
+void complete_sent(EmuQp* q, SendOp& op) {
+  complete_send(q, op, IBV_WC_SUCCESS, wire_due(*q->ctx->fab, q->s->port, op.len));
 }
 
 // The completion of a send that waited in a receiver's queue (pushed by whichever
 // process resolves it; errors are always reported, successes only if signaled).
-void complete_waiting(Fabric& f, const WaitEntry& w, ibv_wc_status st) {
+void complete_waiting(Fabric& f, const WaitEntry& w, ibv_wc_status st, int64_t due = 0) {
   tx_release(f.shm, w.src_qpn, w.frames);
   if (st == IBV_WC_SUCCESS && !w.signaled) return;
   ibv_wc wc{};
@@ -179,7 +211,7 @@ void complete_waiting(Fabric& f, const WaitEntry& w, ibv_wc_status st) {
   wc.opcode = IBV_WC_SEND;
   wc.byte_len = static_cast<uint32_t>(w.len);
   wc.qp_num = w.src_qpn;
-  cq_push(f, w.send_cq, wc, false);
+  cq_push(f, w.send_cq, wc, false, due);
 }
 
 // Removes (in order) the entries of sender `src_qpn` from a receiver's wait queue.
@@ -386,18 +418,18 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
   if (tb && is_write) {
     // As reported for Apple's driver (ds4): RDMA WRITE is accepted and completes, but nothing moves.
-    complete_send(q, op, IBV_WC_SUCCESS);
+    complete_sent(q, op);
     return Tx::Done;
   }
   if (__atomic_load_n(&q->s->drop_tx, __ATOMIC_RELAXED)) {
     if (rc) return Tx::NotReady;  // the wire eats it; RC notices through its retry timer
-    complete_send(q, op, IBV_WC_SUCCESS);
+    complete_sent(q, op);
     return Tx::Done;
   }
   if (tb && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
     // Quirk macos=26.2 (ds4, JACCL): a message of more than one frame is never
     // delivered; the send completes, the peer's receive stays posted.
-    complete_send(q, op, IBV_WC_SUCCESS);
+    complete_sent(q, op);
     return Tx::Done;
   }
   const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q, tb);
@@ -407,12 +439,12 @@ Tx try_send(EmuQp* q, SendOp& op) {
   if (peer == Peer::NoLink || peer == Peer::Absent) {
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;
-    complete_send(q, op, IBV_WC_SUCCESS);  // UC: silently lost
+    complete_sent(q, op);  // UC: silently lost
     return Tx::Done;
   }
   if (peer == Peer::NotReady && !wait) {
     if (rc) return Tx::NotReady;
-    complete_send(q, op, IBV_WC_SUCCESS);  // UC: silently lost
+    complete_sent(q, op);  // UC: silently lost
     return Tx::Done;
   }
 
@@ -429,7 +461,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         complete_send(q, op, IBV_WC_REM_ACCESS_ERR);
         qp_to_error(q);
       } else {
-        complete_send(q, op, IBV_WC_SUCCESS);  // UC responder drops bad packets silently
+        complete_sent(q, op);  // UC responder drops bad packets silently
       }
       return Tx::Done;
     }
@@ -442,7 +474,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
       }
       if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len, pv.pid_start) != Copy::Ok) {
         if (rc) return Tx::NotReady;
-        complete_send(q, op, IBV_WC_SUCCESS);
+        complete_sent(q, op);
         return Tx::Done;
       }
       if (rc) {
@@ -453,7 +485,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         }
         q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
       }
-      complete_send(q, op, IBV_WC_SUCCESS);
+      complete_sent(q, op);
       return Tx::Done;
     }
   }
@@ -508,14 +540,14 @@ Tx try_send(EmuQp* q, SendOp& op) {
     case Gone:
       if (wait) return Tx::NoCredit;
       if (rc) return Tx::NotReady;
-      complete_send(q, op, IBV_WC_SUCCESS);
+      complete_sent(q, op);
       return Tx::Done;
     case Empty:
       if (!rc) {
         // UC, no receive posted: lost (drop). kill (ds4's report on Apple's driver):
         // lost, and the direction then stays dead.
         if (mode == kEmptyRqKill) __atomic_store_n(&q->s->drop_tx, 1u, __ATOMIC_RELEASE);
-        complete_send(q, op, IBV_WC_SUCCESS);
+        complete_sent(q, op);
         return Tx::Done;
       }
       return pid_alive(pv.pid) ? Tx::Rnr : Tx::NotReady;
@@ -527,13 +559,14 @@ Tx try_send(EmuQp* q, SendOp& op) {
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
-    complete_send(q, op, IBV_WC_SUCCESS);
+    complete_sent(q, op);
     return Tx::Done;
   }
+  const int64_t due = wire_due(f, q->s->port, op.len);
   cq_push(f, pv.recv_cq, recv_wc(e, o, op.opcode, op.len, op.imm, pv.qpn, q->qp.qp_num),
-          (op.flags & IBV_SEND_SOLICITED) != 0);
+          (op.flags & IBV_SEND_SOLICITED) != 0, due);
   ibv_wc_status sender_status = rc ? o.sender : IBV_WC_SUCCESS;  // UC has no responder feedback
-  complete_send(q, op, sender_status);
+  complete_send(q, op, sender_status, due);
   if (sender_status != IBV_WC_SUCCESS) qp_to_error(q);
   return Tx::Done;
 }
@@ -618,7 +651,7 @@ const ShmMr* mr_of_key(Shared* s, uint32_t key) {
   return __atomic_load_n(&m->key, __ATOMIC_ACQUIRE) == key ? m : nullptr;
 }
 
-void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited) {
+void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int64_t due) {
   if (cq_slot >= kMaxCqs) return;
   ShmCq& c = f.shm->cqs[cq_slot];
   bool wake = false;
@@ -635,11 +668,29 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited) {
       c.overflow = 1;
       return;
     }
-    c.ring[c.tail & (kCqRing - 1)] = wc;
+    uint32_t pos = c.tail;
+    if (due > 0) {
+      // Paced: pollers of this CQ take its lock from now on (see emu_poll_cq), so entries may move.
+      // The entry goes ahead of those due later (another direction's, another QP's), never ahead
+      // of one due no later: a QP's own completions keep their order (their due times only grow,
+      // and an unpaced one, due 0, stays behind everything queued before it).
+      if (!c.paced) __atomic_store_n(&c.paced, 1u, __ATOMIC_SEQ_CST);
+      for (; pos != head && c.due[(pos - 1) & (kCqRing - 1)] > due; --pos) {
+        c.ring[pos & (kCqRing - 1)] = c.ring[(pos - 1) & (kCqRing - 1)];
+        c.due[pos & (kCqRing - 1)] = c.due[(pos - 1) & (kCqRing - 1)];
+      }
+    }
+    c.ring[pos & (kCqRing - 1)] = wc;
+    c.due[pos & (kCqRing - 1)] = due;
     __atomic_store_n(&c.tail, c.tail + 1, __ATOMIC_SEQ_CST);
-    // The owner may be sleeping in ibv_poll_cq (see there); seq_cst pairs with its check.
-    if (__atomic_load_n(&c.waiters, __ATOMIC_SEQ_CST))
-      syscall(SYS_futex, &c.tail, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+    // The owner may be napping in ibv_poll_cq on any of its CQs (see there); seq_cst pairs with
+    // its check of `seq` after it counted itself in `waiters`.
+    if (c.bell < kMaxCqs) {
+      ShmBell& b = f.shm->bells[c.bell];
+      __atomic_add_fetch(&b.seq, 1u, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(&b.waiters, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &b.seq, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+    }
     if (c.armed == 1 || (c.armed == 2 && (solicited || wc.status != IBV_WC_SUCCESS))) {
       c.armed = 0;
       wake = c.channel != 0;
@@ -915,8 +966,10 @@ void rx_drain(EmuQp* q) {
     if (o.gone) continue;  // the sender died with its memory: its message is lost
     me->head++;
     me->recv_frames -= std::min(me->recv_frames, e.frames);
-    cq_push(f, me->recv_cq, recv_wc(e, o, IBV_WR_SEND, w.len, 0, me->qpn, w.src_qpn), w.solicited != 0);
-    complete_waiting(f, w, IBV_WC_SUCCESS);  // UC: the sender learns nothing of receive errors
+    // Paced: the message leaves the sender's port now that it has credit (its wire time starts here).
+    const int64_t due = wire_due(f, sq.port, w.len);
+    cq_push(f, me->recv_cq, recv_wc(e, o, IBV_WR_SEND, w.len, 0, me->qpn, w.src_qpn), w.solicited != 0, due);
+    complete_waiting(f, w, IBV_WC_SUCCESS, due);  // UC: the sender learns nothing of receive errors
   }
 }
 
@@ -936,48 +989,138 @@ void forget_waiting_sends(EmuQp* q, bool flush) {
   if (!flush) __atomic_store_n(&me->tx_frames, 0u, __ATOMIC_RELAXED);
 }
 
+namespace {
+
+// Paced CQ (ShmCq::paced): hands out, under the lock, the entries at the head that are due, in
+// ring order (an entry not yet due holds back those behind it: see cq_push for why that keeps
+// every QP's order).
+int take_due(ShmCq& s, int ne, ibv_wc* wc, int64_t now) {
+  Guard g(s.lock);
+  for (;;) {
+    uint32_t head = __atomic_load_n(&s.head, __ATOMIC_ACQUIRE);
+    const uint32_t tail = s.tail;
+    uint32_t n = 0;
+    while (head + n != tail && n < static_cast<uint32_t>(ne) && s.due[(head + n) & (kCqRing - 1)] <= now) {
+      wc[n] = s.ring[(head + n) & (kCqRing - 1)];
+      ++n;
+    }
+    // A compare-and-swap although the lock is held: a poller that found the CQ unpaced a moment
+    // before its first paced entry may still be claiming unpaced entries without the lock.
+    if (n == 0 || __atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return static_cast<int>(n);
+  }
+}
+
+// The earliest due time of what this process's paced CQs hold (0: nothing pending). A nap must
+// not outlast it: the thread may be waiting for any of them (a ring rank polls two CQs in turn).
+int64_t earliest_own_due(Shared* sh) {
+  const int32_t me = getpid();
+  int64_t first = 0;
+  for (ShmCq& c : sh->cqs) {
+    if (!__atomic_load_n(&c.in_use, __ATOMIC_ACQUIRE) || c.pid != me || !__atomic_load_n(&c.paced, __ATOMIC_ACQUIRE))
+      continue;
+    Guard g(c.lock);
+    if (c.head != c.tail) {
+      const int64_t d = c.due[c.head & (kCqRing - 1)];
+      if (first == 0 || d < first) first = d;
+    }
+  }
+  return first;
+}
+
+// Sleeps on the process's bell (ShmBell) while its `seq` is still `seen`, until `until_ns`
+// (CLOCK_MONOTONIC): woken by the next completion pushed to any CQ of this process.
+void nap(ShmBell& bell, uint32_t seen, int64_t until_ns) {
+  // Paced deadlines are exact: the default timer slack (50 us) would deliver a message up to 50 us
+  // late, 10% of a 500 us link. This thread only (it is the one that sleeps).
+  static thread_local bool slack_set = false;
+  if (!slack_set) {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    slack_set = true;
+  }
+  __atomic_add_fetch(&bell.waiters, 1u, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&bell.seq, __ATOMIC_SEQ_CST) == seen) {
+    timespec ts{static_cast<time_t>(until_ns / 1000000000), static_cast<long>(until_ns % 1000000000)};
+    syscall(SYS_futex, &bell.seq, FUTEX_WAIT_BITSET, seen, &ts, nullptr, FUTEX_BITSET_MATCH_ANY);
+  }
+  __atomic_sub_fetch(&bell.waiters, 1u, __ATOMIC_SEQ_CST);
+}
+
+}  // namespace
+
 int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   auto* c = reinterpret_cast<EmuCq*>(cq);
-  if (__atomic_load_n(&c->fab->shm->nfaults, __ATOMIC_RELAXED))
+  Shared* sh = c->fab->shm;
+  if (__atomic_load_n(&sh->nfaults, __ATOMIC_RELAXED))
     if (int e = fault_check(*c->fab, "ibv_poll_cq", c->host)) return -e;
   if (any_pending()) progress_all();
   ShmCq& s = *c->s;
-  // Producers serialise among themselves under the CQ lock and publish `tail` with release.
-  // Consumers (a backend may poll one CQ from several threads, as rdma-core allows) claim the
-  // entries they copied by moving `head` with a compare-and-swap; one that lost the race copies
-  // again from the new head (issue 9: two pollers got the same completion twice).
-  uint32_t head = __atomic_load_n(&s.head, __ATOMIC_ACQUIRE);
-  uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);
+  // Whether any CQ of this process got a completion since this thread's previous poll (of any
+  // CQ): if so this one does not nap, the caller may be about to poll the one that got it.
+  ShmBell* bell = s.bell < kMaxCqs ? &sh->bells[s.bell] : nullptr;
+  static thread_local const ShmBell* t_bell = nullptr;
+  static thread_local uint32_t t_seen = 0;
+  const uint32_t seen = bell ? __atomic_load_n(&bell->seq, __ATOMIC_SEQ_CST) : 0;
+  const bool quiet = bell && t_bell == bell && t_seen == seen;
+  t_bell = bell;
+  t_seen = seen;
   if (ne <= 0) return 0;
-  if (head == tail) {
-    // The "hardware" is the peer process. A poller spinning on an empty CQ competes
-    // with it for the CPU, and on a loaded machine every hand-off then costs a
-    // scheduler slice (sched_yield is no better: EEVDF queues the yielder behind
-    // everyone). So once this thread has seen no completion and posted nothing for
-    // spin_ns(), sleep on the CQ's tail (a shared futex the producer wakes) for at
-    // most kPollSleepNs: a woken sleeper runs promptly. A thread busy with other
-    // CQs or posts never naps here.
-    if (now_ns() - t_last_activity_ns > spin_ns()) {
-      __atomic_add_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
-      if (__atomic_load_n(&s.tail, __ATOMIC_SEQ_CST) == tail) {
-        timespec ts{0, kPollSleepNs};
-        syscall(SYS_futex, &s.tail, FUTEX_WAIT, tail, &ts, nullptr, 0);
-      }
-      __atomic_sub_fetch(&s.waiters, 1u, __ATOMIC_SEQ_CST);
-    }
-    return 0;
-  }
-  t_last_activity_ns = now_ns();
   for (;;) {
+    // Producers serialise among themselves under the CQ lock and publish `tail`. Consumers (a
+    // backend may poll one CQ from several threads, as rdma-core allows) claim the entries they
+    // copied by moving `head` with a compare-and-swap; one that lost the race starts again
+    // (issue 9: two pollers got the same completion twice). `tail` is read before `paced`: an
+    // unpaced view then covers only entries written before the first paced one, which never move.
+    const uint32_t tail = __atomic_load_n(&s.tail, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s.paced, __ATOMIC_SEQ_CST)) {
+      const int64_t now = now_ns();
+      const int n = take_due(s, ne, wc, now);
+      if (n > 0) {
+        t_last_activity_ns = now;
+        return n;
+      }
+      break;
+    }
+    uint32_t head = __atomic_load_n(&s.head, __ATOMIC_ACQUIRE);
+    if (head == tail) break;
     // Entries in [head, tail) are never overwritten while head has not moved past them (a
     // producer refuses to fill more than the capacity, which is below the ring's size).
     const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
-    if (n == 0) return 0;  // another poller took them all
     for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
-    if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      t_last_activity_ns = now_ns();
       return static_cast<int>(n);
-    tail = __atomic_load_n(&s.tail, __ATOMIC_ACQUIRE);  // `head` now holds the current value
+    }
   }
+  // Nothing to hand out. The "hardware" is the peer process: a poller spinning on an empty CQ
+  // competes with it for the CPU, and on a loaded machine every hand-off then costs a scheduler
+  // slice (sched_yield is no better: EEVDF queues the yielder behind everyone). So once this
+  // thread has seen no completion and posted nothing for spin_ns(), and no CQ of its process got
+  // anything since its previous poll, it sleeps on the process's bell, which every completion
+  // for the process rings: for at most kPollSleepNs, or (paced) until the earliest completion
+  // its CQs hold is due. A thread busy with other CQs or posts never naps here.
+  const int64_t now = now_ns();
+  const int64_t spin = spin_ns();
+  if (!quiet || now - t_last_activity_ns <= spin) return 0;
+  int64_t until = now + kPollSleepNs;
+  int64_t first = 0;
+  // Paced: the sleep ends this much before the due time and the rest is spun, so a wake-up's own
+  // delay does not make the message late; a tenth of spin_ns(): 5 us while a core is spare, 0.5
+  // us when none is (spinning then takes the CPU from the peer).
+  const int64_t margin = spin / 10;
+  if (c->fab->paced || __atomic_load_n(&s.paced, __ATOMIC_ACQUIRE)) {
+    first = earliest_own_due(sh);
+    if (first != 0 && first <= now) return 0;  // due on another CQ of this process: go and poll it
+    if (first != 0) until = std::min(first - margin, now + kPacedNapNs);
+  }
+  if (until > now) nap(*bell, seen, until);
+  if (first == 0) return 0;
+  while (now_ns() < first && first - now_ns() <= margin) {
+  }
+  // At the due time: hand it out now rather than after another round of the caller.
+  const int n = take_due(s, ne, wc, now_ns());
+  if (n > 0) t_last_activity_ns = now_ns();
+  return n;
 }
 
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
@@ -985,8 +1128,21 @@ int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
   if (int e = fault_check(*c->fab, "ibv_req_notify_cq", c->host)) return e;
   if (quirk(*c->fab, c->fab->devices[c->dev].profile, Quirk::CompletionChannels) == kChannelsOff)
     return EOPNOTSUPP;  // quirk completion_channels=off
-  Guard g(c->s->lock);
-  c->s->armed = solicited_only ? 2 : 1;
+  uint32_t channel = 0;
+  {
+    Guard g(c->s->lock);
+    ShmCq& x = *c->s;
+    if (x.paced && x.head != x.tail && x.channel) {
+      // Paced: the event of a queued completion was raised when it was queued, maybe before it
+      // was due, and the consumer found nothing. Raise one now, or it would sleep on its channel
+      // past the due time; its poll_cq then naps until the completion is due.
+      channel = x.channel;
+      ++x.events;
+    } else {
+      x.armed = solicited_only ? 2 : 1;
+    }
+  }
+  if (channel) notify_channel(*c->fab, c->s->channel_pid, channel, c->slot);
   return 0;
 }
 

@@ -101,6 +101,20 @@ std::string format_quirks(const QuirkSet q);
 
 // ---------------------------------------------------------------- fabric (static)
 
+// Link pacing of one cable ("link" in the fabric file; docs/emulator.md, "Link pacing"). Each
+// direction serialises its messages at `ns_per_byte` (1 / GB/s) after the previous message on
+// that direction, and delivers each `latency_ns` after its last byte left. 0 = that dimension is
+// unpaced (the default: the wire is a memcpy).
+struct LinkModel {
+  double ns_per_byte = 0;
+  int64_t latency_ns = 0;
+  bool paced() const { return ns_per_byte > 0 || latency_ns > 0; }
+};
+// Parses a "link" object ({"gbytes_per_s": B, "latency_us": L}, either key optional) or the
+// TBVERBS_EMU_LINK text "gbytes_per_s=B,latency_us=L"; throws std::runtime_error naming `where`
+// and the bad key or value (unknown key, not a number, B <= 0, L < 0, either out of range).
+LinkModel parse_link_text(const std::string& text, const std::string& where);
+
 struct PortDef {
   int host = -1;
   int device = -1;
@@ -119,6 +133,7 @@ struct PortDef {
   uint8_t ipv6[16] = {};
   uint8_t subnet_prefix[8] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0};  // IB: upper half of the port GID
   std::string netdev;          // RoCE: the Ethernet interface behind the port (gid_attrs/ndevs)
+  LinkModel link;              // pacing of what this port sends into its cable (both ends alike)
 };
 
 struct DeviceDef {
@@ -144,6 +159,7 @@ struct Fabric {
   std::vector<DeviceDef> devices;
   std::vector<PortDef> ports;
   QuirkSet quirks{};           // the file's "quirks" (defaults elsewhere); the live values are in shm
+  bool paced = false;          // some cable has a link model (ports[i].link)
   Shared* shm = nullptr;
 
   int find_host(const std::string& name) const;
@@ -189,6 +205,21 @@ struct ShmPort {
   uint32_t has_ip;
   uint32_t ip;       // host byte order
   uint32_t prefix;
+  // Link pacing: when the direction out of this port is free again (CLOCK_MONOTONIC ns;
+  // compare-and-swap by every sender on the port, see wire_due in datapath.cpp).
+  int64_t busy_until_ns;
+};
+
+// One per process with a CQ: the futex its idle pollers sleep on. Every completion pushed to one
+// of the process's CQs bumps `seq` (and wakes it when `waiters`), so a thread napping in
+// ibv_poll_cq on one CQ wakes for a completion on any other CQ of its process (a ring rank
+// polls two CQs in turn; a nap on the wrong one used to cost the whole nap).
+struct ShmBell {
+  int32_t pid;         // 0 = free; a slot of a dead process is taken over
+  uint32_t seq;
+  uint32_t waiters;
+  uint32_t pad;
+  uint64_t pid_start;  // with pid, names the process (pids are reused)
 };
 
 enum FaultKind : uint32_t { kFaultNone = 0, kFaultFailCall = 1, kFaultDropNext = 2, kFaultDelay = 3, kFaultStickyLoss = 4 };
@@ -297,8 +328,13 @@ struct ShmCq {
   int32_t channel_pid;
   uint32_t overflow;
   uint32_t events;       // events raised (diagnostics)
-  uint32_t waiters;      // owner threads sleeping on `tail` (futex) in ibv_poll_cq
+  uint32_t bell;         // the owner's ShmBell
+  // Link pacing: set (for the CQ's life) before the first entry with a due time is written.
+  // Pollers that see it take the lock, since producers then insert entries by due time.
+  uint32_t paced;
+  uint32_t pad;
   ibv_wc ring[kCqRing];
+  int64_t due[kCqRing];  // when ring[i] may be handed out (CLOCK_MONOTONIC ns; 0 = at once)
 };
 
 // Protection domains live in shared memory only to be counted per device across
@@ -328,9 +364,13 @@ struct Shared {
   ShmPd pds[kMaxPds];
   ShmQp qps[kMaxQps];
   ShmCq cqs[kMaxCqs];
+  ShmBell bells[kMaxCqs];  // a process with a CQ has one: never more than the CQs
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550007ull;  // "TBVEMU" v7 (ShmMr::pinner)
+constexpr uint64_t kMagic = 0x54425645'4d550008ull;  // "TBVEMU" v8 (link pacing, ShmBell)
+
+// The bell of this process, allocated on first use (caller holds shm->lock); kMaxCqs if none free.
+uint32_t own_bell(Shared* s);
 
 // Maps (creating and initialising if needed) the state file of a fabric.
 Shared* open_shared(Fabric& f);

@@ -143,6 +143,41 @@ struct DuplicateKeys : nlohmann::json_sax<json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 };
 
+// Bounds of a link model: beyond them a run would take days or the arithmetic (int64 ns) would
+// overflow; nobody means them.
+constexpr double kMinGbps = 1e-6, kMaxGbps = 1e6, kMaxLatencyUs = 1e7;
+
+// Sets one dimension of a link model from its key and value, refusing what the model cannot mean.
+void set_link_key(LinkModel& m, const std::string& key, double v, const std::string& where) {
+  if (key == "gbytes_per_s") {
+    if (!(v >= kMinGbps && v <= kMaxGbps))  // also refuses NaN
+      throw std::runtime_error(where + ": \"gbytes_per_s\" must be a number from 1e-06 to 1e+06 (GB/s; omit it for "
+                               "an unpaced link), not " + std::to_string(v));
+    m.ns_per_byte = 1.0 / v;  // 1 GB/s = 1 byte per ns
+  } else if (key == "latency_us") {
+    if (!(v >= 0 && v <= kMaxLatencyUs))
+      throw std::runtime_error(where + ": \"latency_us\" must be a number from 0 to 1e+07 (microseconds), not " +
+                               std::to_string(v));
+    m.latency_ns = static_cast<int64_t>(v * 1000.0 + 0.5);
+  } else {
+    throw std::runtime_error(where + ": unknown key \"" + key + "\" (known: gbytes_per_s, latency_us)");
+  }
+}
+
+// A "link" object of the fabric file: {"gbytes_per_s": B, "latency_us": L}, either key optional.
+LinkModel parse_link_json(const json& j, const std::string& where) {
+  if (!j.is_object())
+    throw std::runtime_error(where + ": \"link\" must be an object {\"gbytes_per_s\": B, \"latency_us\": L}");
+  LinkModel m;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "comment") continue;
+    if (!value.is_number())
+      throw std::runtime_error(where + ": \"" + key + "\" must be a number, not " + value.dump());
+    set_link_key(m, key, value.get<double>(), where);
+  }
+  return m;
+}
+
 std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string& origin) {
   auto f = std::make_unique<Fabric>();
   json j;
@@ -159,7 +194,9 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
   }
   try {
     if (!j.is_object()) throw std::runtime_error("top level must be an object");
-    check_keys(j, {"profile", "quirks", "hosts", "cables"}, "the fabric");
+    check_keys(j, {"profile", "quirks", "link", "hosts", "cables"}, "the fabric");
+    // The fabric's link model applies to every cable that has none of its own.
+    const LinkModel fabric_link = j.contains("link") ? parse_link_json(j["link"], "the fabric's link") : LinkModel{};
     f->profile = parse_profile(j.value("profile", std::string("thunderbolt")));
     if (j.contains("quirks")) {
       const json& jq = j["quirks"];
@@ -271,14 +308,17 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
     for (const auto& jc : j.value("cables", json::array())) {
       std::string ends[2];
       bool routed = false;
+      LinkModel link = fabric_link;
       if (jc.is_array() && jc.size() == 2) {
         ends[0] = jc[0].get<std::string>();
         ends[1] = jc[1].get<std::string>();
       } else if (jc.is_object()) {
-        check_keys(jc, {"a", "b", "routed"}, "a cable");
+        check_keys(jc, {"a", "b", "routed", "link"}, "a cable");
         ends[0] = jc.at("a").get<std::string>();
         ends[1] = jc.at("b").get<std::string>();
         routed = jc.value("routed", false);
+        // A cable's own link replaces the fabric's as a whole: a key it omits is unpaced there.
+        if (jc.contains("link")) link = parse_link_json(jc["link"], "the link of cable " + ends[0] + " - " + ends[1]);
       } else {
         throw std::runtime_error("a cable must be [\"host:dev:port\", \"host:dev:port\"] or {\"a\":..,\"b\":..}");
       }
@@ -299,6 +339,8 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
       f->ports[pi[0]].peer = pi[1];
       f->ports[pi[1]].peer = pi[0];
       f->ports[pi[0]].routed = f->ports[pi[1]].routed = routed;
+      f->ports[pi[0]].link = f->ports[pi[1]].link = link;
+      f->paced = f->paced || link.paced();
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(origin + ": " + e.what());
@@ -325,6 +367,26 @@ std::string default_state_dir(const std::string& key, const std::string& text) {
 
 std::unique_ptr<Fabric> parse_fabric_text(const std::string& text, const std::string& origin) {
   return parse_fabric(text, origin);
+}
+
+LinkModel parse_link_text(const std::string& text, const std::string& where) {
+  LinkModel m;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos)
+      throw std::runtime_error(where + ": \"" + item + "\" is not key=value (gbytes_per_s=B,latency_us=L)");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    char* end = nullptr;
+    errno = 0;
+    const double v = value.empty() ? 0 : std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != 0 || errno == ERANGE)
+      throw std::runtime_error(where + ": \"" + key + "\" must be a number, not \"" + value + "\"");
+    set_link_key(m, key, v, where);
+  }
+  return m;
 }
 
 const char* profile_name(Profile p) {
@@ -406,6 +468,14 @@ Fabric& load_fabric(const std::string& path) {
   if (it != fabrics().end()) return *it->second;
   auto f = parse_fabric(text, path.empty() ? std::string("built-in default fabric") : path);
   f->path = path;
+  // TBVERBS_EMU_LINK paces every cable, whatever the file says (a quick what-if without editing
+  // the file). Every process of the fabric must see the same value: the model lives in each
+  // process, only the cables' busy clocks are shared.
+  if (const char* e = std::getenv("TBVERBS_EMU_LINK"); e && *e) {
+    const LinkModel m = parse_link_text(e, "TBVERBS_EMU_LINK");
+    for (auto& p : f->ports) p.link = m;
+    f->paced = m.paced() && !f->ports.empty();
+  }
   const char* sd = std::getenv("TBVERBS_EMU_STATE_DIR");
   f->state_dir = (sd && *sd) ? std::string(sd) : default_state_dir(key, text);
   f->shm = open_shared(*f);
@@ -574,6 +644,26 @@ Shared* open_shared(Fabric& f) {
 void reset_shared(const Fabric& f) {
   std::error_code ec;
   std::filesystem::remove_all(f.state_dir, ec);
+}
+
+uint32_t own_bell(Shared* s) {
+  const int32_t me = getpid();
+  const uint64_t start = self_start();
+  uint32_t take = kMaxCqs;
+  for (uint32_t i = 0; i < kMaxCqs; ++i) {
+    const ShmBell& b = s->bells[i];
+    if (b.pid == me && b.pid_start == start) return i;
+    if (take == kMaxCqs && b.pid == 0) take = i;
+  }
+  for (uint32_t i = 0; take == kMaxCqs && i < kMaxCqs; ++i)  // none free: one of a process that is gone
+    if (!pid_alive(s->bells[i].pid) || process_start(s->bells[i].pid) != s->bells[i].pid_start) take = i;
+  if (take < kMaxCqs) {
+    ShmBell& b = s->bells[take];
+    b.pid_start = start;
+    b.waiters = 0;
+    __atomic_store_n(&b.pid, me, __ATOMIC_RELEASE);
+  }
+  return take;
 }
 
 bool pid_alive(int32_t pid) {

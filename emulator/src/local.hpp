@@ -111,7 +111,9 @@ void rx_drain(EmuQp* q);
 // Sender side: takes this QP's sends out of its peer's wait queue (destroy, RESET,
 // ERR); with `flush`, each completes with WR_FLUSH_ERR. Resets tx_frames.
 void forget_waiting_sends(EmuQp* q, bool flush);
-void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited);
+// Appends a completion to a CQ and rings its owner's bell. `due` (link pacing): the completion is
+// handed out no earlier (CLOCK_MONOTONIC ns); 0 = at once, behind what the CQ already holds.
+void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int64_t due = 0);
 // Resolves an lkey/rkey to a live region. Returns nullptr when the key is stale.
 const ShmMr* mr_of_key(Shared* s, uint32_t key);
 

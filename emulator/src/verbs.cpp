@@ -677,6 +677,8 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
     x.events = 0;
     x.channel = channel ? reinterpret_cast<EmuChannel*>(channel)->id : 0;
     x.channel_pid = getpid();
+    x.bell = own_bell(s);
+    x.paced = 0;
     __atomic_store_n(&x.in_use, 1u, __ATOMIC_RELEASE);
     q->slot = static_cast<uint32_t>(slot);
     q->s = &x;
