@@ -439,29 +439,9 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
   };
   for (;;) {
     bool progress = false;
-    if (idle > 16) {
-      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
-      // its core to the ranks that have work (the emulator runs them all on one host).
-      std::size_t which = 0;
-      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where_ = "waiting for completions of " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(which, *got); !h) return h;
-        progress = true;
-      }
-    }
-    for (std::size_t li = 0; li < ring_links; ++li) {
-      auto got = links_[li].cq().poll(wc);
-      if (!got) {
-        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
-        return fail(got.error());
-      }
-      if (auto h = handle(li, *got); !h) return h;
-      if (*got > 0) progress = true;
-    }
+    // Posts first, polls after: an empty poll may nap in the provider (the emulator sleeps until
+    // its next completion is due), so what can be sent is sent before it (at the start of an
+    // all_sum that nap delayed the first sends by a whole link latency).
     for (int d = 0; d < 2; ++d) {
       const int o = 1 - d;  // the other direction shares the links: its receives are our credits
       // Receives: up to S ahead of what was consumed (scratch slots free again).
@@ -486,6 +466,29 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
         }
         progress = true;
       }
+    }
+    if (idle > 16) {
+      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
+      // its core to the ranks that have work (the emulator runs them all on one host).
+      std::size_t which = 0;
+      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
+      if (!got) {
+        where_ = "waiting for completions of " + describe_wait();
+        return fail(got.error());
+      }
+      if (*got > 0) {
+        if (auto h = handle(which, *got); !h) return h;
+        progress = true;
+      }
+    }
+    for (std::size_t li = 0; li < ring_links; ++li) {
+      auto got = links_[li].cq().poll(wc);
+      if (!got) {
+        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
+        return fail(got.error());
+      }
+      if (auto h = handle(li, *got); !h) return h;
+      if (*got > 0) progress = true;
     }
     if (received[0] == T && received[1] == T && send_done[0] == T && send_done[1] == T) break;
 
@@ -625,6 +628,28 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
   };
   for (;;) {
     bool progress = false;
+    // Posts first, polls after (see the ring's engine: an empty poll may nap in the provider).
+    for (std::size_t k = 0; k < np; ++k) {
+      Peer& q = peers[k];
+      while (q.posted < T && q.posted < q.received + S) {
+        if (auto p = post_recv(q); !p) {
+          where_ = "posting receives";
+          return p;
+        }
+        progress = true;
+      }
+      while (q.sent < T) {
+        const std::size_t j = q.sent;
+        if (j >= W && q.received < j - W + 1) break;     // credit: the peer posted for j
+        if (q.posted < std::min(T, j + W + 1)) break;    // our receives ahead of our send
+        if (q.sent - q.send_done >= S) break;            // send queue room
+        if (auto p = post_send(q); !p) {
+          where_ = "posting sends";
+          return p;
+        }
+        progress = true;
+      }
+    }
     if (idle > 16) {
       // Idle: sleep on the links' CQs (bounded), as the ring's engine does.
       std::size_t which = 0;
@@ -654,24 +679,6 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
         return h;
       }
       if (*got > 0) progress = true;
-      while (q.posted < T && q.posted < q.received + S) {
-        if (auto p = post_recv(q); !p) {
-          where_ = "posting receives";
-          return p;
-        }
-        progress = true;
-      }
-      while (q.sent < T) {
-        const std::size_t j = q.sent;
-        if (j >= W && q.received < j - W + 1) break;     // credit: the peer posted for j
-        if (q.posted < std::min(T, j + W + 1)) break;    // our receives ahead of our send
-        if (q.sent - q.send_done >= S) break;            // send queue room
-        if (auto p = post_send(q); !p) {
-          where_ = "posting sends";
-          return p;
-        }
-        progress = true;
-      }
       done = done && q.received == T && q.send_done == T;
     }
     if (done) break;
