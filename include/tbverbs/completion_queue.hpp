@@ -213,6 +213,14 @@ struct CqOptions {
 /// synchronised; rdma-core's ibv_poll_cq itself is thread-safe, but the order of two pollers'
 /// results would be meaningless anyway). Posting on QPs that use the CQ may run concurrently
 /// with polling it. The CQ may be moved to, and used from, another thread between calls.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto cq
+/// \until cq.error()
+/// \skip WorkCompletion wc
+/// \until done +=
+/// \line }
 class CompletionQueue {
 public:
   /// Polls up to `out.size()` completions into `out` and returns how many; they are all

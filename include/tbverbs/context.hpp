@@ -32,6 +32,15 @@ TBVERBS_NAMESPACE_BEGIN
 /// Threads: the queries and factories (query_*, gid_table, alloc_pd, create_cq) may be called
 /// from several threads at once (rdma-core's verbs are thread-safe; the shared counters are
 /// atomic). close() and moves must not race with any other call.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto ctx
+/// \until ctx.error()
+/// \skip ctx->alloc_pd
+/// \until pd.error()
+/// \skip ctx->create_cq
+/// \until cq.error()
 class Context {
 public:
   /// Opens the device called `name`; an empty name means the `TBVERBS_DEVICE` environment

@@ -36,6 +36,11 @@ constexpr bool has(EndpointCaps have, EndpointCaps want) noexcept {
 
 /// A queue pair's address and parameters as its peer needs them: QP number, PSN, LID, GID (with
 /// its type and the port's link layer), MTU, QP type and capabilities.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto wire
+/// \until remote.error()
 struct Endpoint {
   std::uint32_t qp_num = 0;          ///< 24-bit QP number.
   std::uint32_t psn = 0;             ///< 24-bit initial packet sequence number of the sender.

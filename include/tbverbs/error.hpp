@@ -89,6 +89,14 @@ inline const Diagnosis* find_diagnosis(const Error& e) noexcept {
 /// called, so returning one costs no more than a few stores. `sys_errno` is the error number as
 /// the verb reported it, through the verb's own convention (see `from_errno`, `from_return`,
 /// `from_poll`); it is never a stale global errno.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip static int fail_with
+/// \until return 1;
+/// \line }
+/// \skip auto lib
+/// \until lib.error()
 struct Error {
   /// `qp_num` of an error that concerns no queue pair (QP numbers are 24-bit).
   static constexpr std::uint32_t no_qp = 0xffffffffu;

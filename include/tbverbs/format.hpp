@@ -4,7 +4,7 @@
 ///
 /// Each formats as its `to_string` does and takes the string format spec (`{:>40}`). The umbrella
 /// tbverbs.hpp includes it (measured: with clang 19 and libc++ the umbrella's -fsyntax-only time
-/// does not change, its headers reach <format> already); the lean data_path.hpp does not. With
+/// does not change, its headers reach \<format\> already); the lean data_path.hpp does not. With
 /// g++ 12 it declares nothing: use `to_string` or `operator<<`, which every build has.
 #pragma once
 

@@ -145,6 +145,12 @@ struct GidPortFacts {
 
 /// One chosen GID table entry: port, index and value, made only by a GidTable. A QpRecipe takes
 /// its RTR `sgid_index` and the GID it advertises from the same selection, so they cannot differ.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto gid
+/// \until gid.error()
+/// \skipline QpRecipe::for_platform
 class GidSelection {
 public:
   /// The port the entry belongs to.
@@ -223,6 +229,11 @@ std::basic_ostream<char, Traits>& operator<<(std::basic_ostream<char, Traits>& o
 /// A snapshot of one port's whole GID table (length from the port: 1024 on Thunderbolt), keeping
 /// every entry's index, its type and netdev where the platform says them, and the port's link
 /// layer, LID and active MTU. Entries that could not be read are kept as zero GIDs (holes).
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto table
+/// \until gid.error()
 class GidTable {
 public:
   /// A table from plain entries, index = position, types unknown (for tests and tools).

@@ -200,6 +200,11 @@ inline Platform platform_of_path(std::string_view path) noexcept {
 ///
 /// Libraries are opened with `dlopen` and never closed. Loading the same path twice returns the
 /// same table. Thread-safe.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto lib
+/// \until lib.error()
 class Library {
 public:
   /// Loads the verbs library. Search order: `path` when non-empty, then the `TBVERBS_LIBRARY`

@@ -25,6 +25,13 @@ TBVERBS_NAMESPACE_BEGIN
 /// A zeroed, page-aligned buffer whose length is a whole number of pages. Apple's driver needs
 /// page-aligned registrations (IOMMU). A buffer above the device's max_mr_size (16,384,000 bytes on
 /// Thunderbolt) is registered as a MemoryRegionSet.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto buf
+/// \until buf.error()
+/// \skip std::snprintf
+/// \until buf->data()
 class AlignedBuffer {
 public:
   /// Allocates at least `bytes` (rounded up to the page size). Fails with ENOMEM at Step::reg_mr.
@@ -71,6 +78,13 @@ private:
 /// Threads: the accessors and sge() only read and may be called from any number of threads at
 /// once; work requests on several QPs may use one region concurrently. close() and moves must
 /// not race with them.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto mr
+/// \until mr.error()
+/// \skip auto inbox
+/// \until outbox.error()
 class MemoryRegion {
 public:
   /// Start address.

@@ -25,6 +25,11 @@ TBVERBS_NAMESPACE_BEGIN
 /// Threads: reg_mr and reg_mr_two_sided may be called from several threads at once (rdma-core's
 /// ibv_reg_mr is thread-safe; the region count and the remembered access set are atomic).
 /// close() and moves must not race with them.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto pd
+/// \until mr.error()
 class ProtectionDomain {
 public:
   /// Registers `memory` with `access` (least privilege by default: local write, enough to

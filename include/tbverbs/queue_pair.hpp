@@ -106,6 +106,13 @@ constexpr SendOps send_ops_for(QpType type, Platform platform, bool allow_one_si
 ///
 /// **Closed and moved-from.** After close() or a move, posts return EBADF (diagnosis
 /// "handle-closed") instead of touching freed memory, and native_handle() is null.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto qp
+/// \until qp.error()
+/// \skip qp->recv
+/// \until qp->send
 class QueuePair {
 public:
   /// Posts a chain of send work requests as built by the caller (the escape hatch). On failure

@@ -68,6 +68,11 @@ inline std::uint32_t fresh_psn() noexcept {
 /// A recipe can only be made from a GidSelection, and both the RTR `sgid_index` and the GID in
 /// the advertised Endpoint are read from that one selection: they cannot disagree (JACCL's
 /// hard-coded source GID index of one against a scanned GID is the failure this prevents).
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto recipe
+/// \until prepared.error()
 class QpRecipe {
 public:
   /// Apple's RDMA over Thunderbolt, as the driver accepts it: UC, path MTU 1024, GRH always with
@@ -288,6 +293,13 @@ private:
 /// A created queue pair that is not connected yet: it has an Endpoint to send to the peer, and
 /// no post functions (posting before the peer is known cannot compile). `connect` on an rvalue
 /// performs RTR and RTS and returns the connected QueuePair.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip auto prepared
+/// \until prepared->endpoint()
+/// \skip auto wire
+/// \until qp.error()
 class PreparedQueuePair {
 public:
   /// What the peer needs: QP number, PSN, LID, GID (from the recipe's selection), MTU, type.

@@ -47,6 +47,9 @@ template <class E> using unexpected = std::unexpected<E>;
 template <class E> using bad_expected_access = std::bad_expected_access<E>;
 
 #else
+// The bundled equivalent is an implementation detail of Result: the reference documents Result
+// with std::expected's API, so it stays out of the class list.
+/// \cond TBVERBS_BUNDLED_EXPECTED
 
 namespace detail {
 /// The held error's text: `message()` where E has one (tbverbs::Error), else empty.
@@ -479,9 +482,22 @@ private:
   bool has_;
 };
 
+/// \endcond
 #endif // TBVERBS_EXPECTED_IS_STD
 
 /// The result of every fallible tbverbs operation: a T, or an Error saying what failed and why.
+///
+/// It has the API of C++23's `std::expected<T, Error>` with the monadic members (`has_value`,
+/// `operator*`, `->`, `value`, `error`, `value_or`, `and_then`, `transform`, `or_else`,
+/// `transform_error`): it is `std::expected` where the standard library has that one
+/// (TBVERBS_EXPECTED_IS_STD), a bundled equivalent otherwise, whose debug builds check that `*r`,
+/// `r->` and `r.error()` are used on the right kind of Result (TBVERBS_RESULT_CHECKS). Failures
+/// are made with `fail(error)` (a `tbverbs::unexpected<Error>`); `value()` on an error throws
+/// `tbverbs::bad_expected_access<Error>`.
+///
+/// \dontinclude tour/tour.cpp
+/// \skip auto lib
+/// \until ctx.error()
 template <class T> using Result = expected<T, Error>;
 
 TBVERBS_NAMESPACE_END

@@ -536,6 +536,13 @@ struct MeshEntry {
 /// Threading: one thread at a time calls the members, except poison(), which any thread may call
 /// while another is blocked in a call (it unblocks it). Move-only; the destructor closes the
 /// sockets, which the peers see as this rank closing its side channel.
+///
+/// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
+/// \dontinclude tour/tour.cpp
+/// \skip SideChannelOptions options
+/// \until wires.error()
+/// \skip channel->barrier
+/// \until qp->send
 class SideChannel {
 public:
   /// An empty handle: every call fails with ErrorKind::invalid_argument.
