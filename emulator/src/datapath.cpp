@@ -55,8 +55,11 @@ constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 // Longest nap while a paced completion is pending: it ends at that completion's due time anyway;
 // the bound keeps a waiting thread coming back to its caller (liveness checks, deadlines).
 constexpr int64_t kPacedNapNs = 10 * 1000 * 1000;
-// Last time this thread got a completion or posted work (see emu_poll_cq).
-thread_local int64_t t_last_activity_ns = 0;
+// When this thread's current run of empty polls began (0: its last verbs call got a completion
+// or posted work). emu_poll_cq naps only after spin_ns() of such a run: a thread that comes back
+// from elsewhere (a side-channel barrier, its own work) to an empty CQ is likely about to post,
+// and its first poll must not nap (it did, for 200 us, after every barrier of a ring).
+thread_local int64_t t_empty_since_ns = 0;
 
 std::mutex g_pending_mu;
 std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
@@ -776,7 +779,7 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     return e;
   }
   uint32_t delay = fault_delay_us(f, q->ctx->host);
-  t_last_activity_ns = now_ns();
+  t_empty_since_ns = 0;
   bool deferred = false;
   int rc_ret = post_send_locked(q, wr, bad, delay, &deferred);
   if (deferred) add_pending_qp(q);  // after q->mu is released (lock order)
@@ -882,7 +885,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return e;
   }
-  t_last_activity_ns = now_ns();
+  t_empty_since_ns = 0;
   for (; wr; wr = wr->next) {
     uint32_t state = q->s->state;
     if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
@@ -1076,7 +1079,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
       const int64_t now = now_ns();
       const int n = take_due(s, ne, wc, now);
       if (n > 0) {
-        t_last_activity_ns = now;
+        t_empty_since_ns = 0;
         return n;
       }
       break;
@@ -1088,20 +1091,21 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
     for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
     if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      t_last_activity_ns = now_ns();
+      t_empty_since_ns = 0;
       return static_cast<int>(n);
     }
   }
   // Nothing to hand out. The "hardware" is the peer process: a poller spinning on an empty CQ
   // competes with it for the CPU, and on a loaded machine every hand-off then costs a scheduler
   // slice (sched_yield is no better: EEVDF queues the yielder behind everyone). So once this
-  // thread has seen no completion and posted nothing for spin_ns(), and no CQ of its process got
+  // thread has polled in vain, posting nothing, for spin_ns(), and no CQ of its process got
   // anything since its previous poll, it sleeps on the process's bell, which every completion
   // for the process rings: for at most kPollSleepNs, or (paced) until the earliest completion
   // its CQs hold is due. A thread busy with other CQs or posts never naps here.
   const int64_t now = now_ns();
   const int64_t spin = spin_ns();
-  if (!quiet || now - t_last_activity_ns <= spin) return 0;
+  if (t_empty_since_ns == 0) t_empty_since_ns = now;
+  if (!quiet || now - t_empty_since_ns <= spin) return 0;
   int64_t until = now + kPollSleepNs;
   int64_t first = 0;
   // Paced: the sleep ends this much before the due time and the rest is spun, so a wake-up's own
@@ -1119,7 +1123,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   }
   // At the due time: hand it out now rather than after another round of the caller.
   const int n = take_due(s, ne, wc, now_ns());
-  if (n > 0) t_last_activity_ns = now_ns();
+  if (n > 0) t_empty_since_ns = 0;
   return n;
 }
 

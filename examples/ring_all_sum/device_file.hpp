@@ -3,6 +3,8 @@
 // functions, so fuzz/fuzz_ring_config.cpp can feed them anything.
 #pragma once
 
+#include "../../tools/common/size_arg.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cctype>
@@ -18,25 +20,9 @@ namespace ring {
 // bound), far below what overflows a size_t or the allocator (issue 9: a wrapped size crashed).
 constexpr std::size_t kMaxBytes = std::size_t{1} << 40;
 
-// "64M", "4K", "1G", "123" (bytes); nullopt for anything else or above kMaxBytes.
-std::optional<std::size_t> parse_size(std::string s) {
-  if (s.empty() || s.size() > 24) return std::nullopt;
-  std::size_t mult = 1;
-  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (last == 'B') {
-    s.pop_back();
-    if (s.empty()) return std::nullopt;
-  }
-  const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (unit == 'K' || unit == 'M' || unit == 'G') {
-    mult = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : std::size_t{1024} * 1024 * 1024;
-    s.pop_back();
-  }
-  if (s.empty() || s.size() > 15 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  const unsigned long long v = std::stoull(s);  // at most 15 digits: cannot throw
-  if (v > kMaxBytes / mult) return std::nullopt;
-  return static_cast<std::size_t>(v) * mult;
-}
+// "64M", "4K", "1G", "123" (bytes); nullopt for anything else or above kMaxBytes. The parser
+// every example and tool shares (tools/common/size_arg.hpp).
+inline std::optional<std::size_t> parse_size(const std::string& s) { return cli::parse_size(s, kMaxBytes); }
 
 // A rank number from the environment: digits only ("one" is not rank 0).
 std::optional<int> parse_rank(const std::string& s) {

@@ -5,6 +5,7 @@
 // (MLX_RANK, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES work too, or --rank, --coordinator, --devices).
 // On the emulated fabric, N ranks on this machine:
 //   ./ring_all_sum --local 4 --size 64M
+#include "../../tools/common/launcher_env.hpp"
 #include "device_file.hpp"
 #include "launcher.hpp"
 #include "algorithms.hpp"
@@ -207,36 +208,38 @@ struct Options {
 };
 
 int fail_rank(int rank, const std::string& where, const tbverbs::Error& e, tbverbs::SideChannel* sc) {
-  std::fprintf(stderr, "rank %d: FAILED during %s: %s\n", rank, where.c_str(), e.message().c_str());
+  // Before the rank is known the line names the program, not "rank -1" (issue 13).
+  if (rank < 0) std::fprintf(stderr, "ring_all_sum: FAILED during %s: %s\n", where.c_str(), e.message().c_str());
+  else std::fprintf(stderr, "rank %d: FAILED during %s: %s\n", rank, where.c_str(), e.message().c_str());
   std::fflush(stderr);
   if (sc != nullptr && sc->valid()) sc->abort(e);  // the other ranks learn who failed, and why
   return 2;
 }
 
 int run_rank(const Options& o) {
-  // Who am I, where is the coordinator, which devices: flags first, then the JACCL/MLX variables.
-  int rank = o.rank;
-  if (rank < 0) {
-    if (auto v = env_of({"JACCL_RANK", "MLX_RANK"})) {
-      auto r = parse_rank(*v);
-      if (!r) {
-        std::fprintf(stderr, "rank ?: FAILED during configuration: JACCL_RANK/MLX_RANK=\"%s\" is not a rank number\n",
-                     v->c_str());
-        return 2;
-      }
-      rank = *r;
-    }
+  // Who am I, where is the coordinator, how many ranks, which devices: flags first, then the
+  // launchers' variables (tools/common/launcher_env.hpp: mlx.launch, torchrun, Open MPI, PMI, Slurm).
+  std::string launcher_problem;
+  const auto job = cli::launcher_job(launcher_problem);
+  if (!job) {
+    std::fprintf(stderr, "ring_all_sum: FAILED during configuration: %s\n", launcher_problem.c_str());
+    return 2;
   }
-  const std::string coordinator =
-      !o.coordinator.empty() ? o.coordinator : env_of({"JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"}).value_or("");
+  const int rank = o.rank >= 0 ? o.rank : job->rank.value_or(-1);
+  const std::string coordinator = !o.coordinator.empty() ? o.coordinator : job->coordinator;
   const std::string devices_path =
       !o.devices.empty() ? o.devices : env_of({"JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"}).value_or("");
+  // The text itself, uncut: as an Error it read "FAILED during configuration: configuration:
+  // invalid argument: ..." and was cut at 256 characters (issue 13).
   auto config_error = [&](const std::string& what) {
-    return fail_rank(rank, "configuration",
-                     tbverbs::Error::make(tbverbs::Step::configure, tbverbs::ErrorKind::invalid_argument, what), nullptr);
+    if (rank < 0) std::fprintf(stderr, "ring_all_sum: FAILED during configuration: %s\n", what.c_str());
+    else std::fprintf(stderr, "rank %d: FAILED during configuration: %s\n", rank, what.c_str());
+    return 2;
   };
-  if (rank < 0) return config_error("no rank: pass --rank or set JACCL_RANK (or MLX_RANK); or run --local N");
-  if (coordinator.empty()) return config_error("no coordinator: pass --coordinator host:port or set JACCL_COORDINATOR");
+  if (rank < 0) return config_error(std::string("no rank: pass --rank or set ") + cli::kRankVariables + "; or run --local N");
+  if (coordinator.empty())
+    return config_error(std::string("no coordinator: pass --coordinator host:port or set ") + cli::kCoordinatorVariables +
+                        (job->launcher.empty() ? std::string() : " (" + job->launcher + " gave the rank, not the coordinator)"));
   // No device file (or --no-device-file): the cables are discovered from the ports' subnets once
   // the side channel is up (tbverbs/topology.hpp); the number of ranks then comes from --ranks.
   const bool discover = o.no_device_file || devices_path.empty();
@@ -245,7 +248,8 @@ int run_rank(const Options& o) {
   if (discover) {
     n = o.ranks;
     if (n <= 0)
-      if (auto v = env_of({"TBVERBS_RANKS", "MLX_WORLD_SIZE"})) n = parse_rank(*v).value_or(-1);
+      if (auto v = env_of({"TBVERBS_RANKS"})) n = parse_rank(*v).value_or(-1);
+    if (n <= 0 && job->size) n = *job->size; // the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE, ...
     if (n < 2 || n > 64)
       return config_error(std::string(o.no_device_file ? "--no-device-file" : "no device file") +
                           ": give the number of ranks with --ranks N (or TBVERBS_RANKS), 2..64, so the cables can be "
@@ -264,6 +268,9 @@ int run_rank(const Options& o) {
   auto cables = ring::parse_device_file(text, rank, problem);
   if (!cables) return config_error(devices_path + ": " + problem);
   n = cables->ranks;
+  if (o.rank < 0 && job->size && *job->size != n)
+    return config_error(job->size_variable + "=" + std::to_string(*job->size) + " (" + job->launcher + ") but " +
+                        devices_path + " lists " + std::to_string(n) + " ranks");
   cfg.rank = rank;
   cfg.size = n;
   cfg.left_devices = cables->left;

@@ -6,11 +6,16 @@
 //   tbverbs-probe --server [--port 18520]          # on one Mac
 //   tbverbs-probe --connect HOST[:PORT]            # on the other (HOST: the first Mac's address)
 //   tbverbs-probe --local [--quirk NAME=VALUE ...] # both ends on the emulator, this machine
+//   torchrun --nproc-per-node 1 --nnodes 2 ... tbverbs-probe   # or mpirun/srun/mlx.launch: rank
+//                                                  # 0 serves, rank 1 connects (launcher_env.hpp)
 //
 // Every item is measured under a deadline, on fresh queue pairs, and every QP, CQ, MR and PD is
 // a tbverbs handle (RAII): whatever fails, nothing is left behind (the report says how many QPs
 // and MRs the process still holds at the end: none). Both ends run the same sequence of steps,
 // kept in step over the side channel; a step that fails on one end is skipped on both.
+#include "../common/launcher_env.hpp"
+#include "../common/size_arg.hpp"
+
 #include <tbverbs/budget.hpp>
 #include <tbverbs/explain.hpp>
 #include <tbverbs/measured_profile.hpp>
@@ -72,18 +77,6 @@ struct Options {
   int max_qps = 64, max_mrs = 1024;
   std::uint64_t max_mr_bytes = std::uint64_t{1} << 30;
 };
-
-std::optional<std::uint64_t> parse_size(std::string s) {
-  if (s.empty()) return std::nullopt;
-  std::uint64_t mult = 1;
-  const char u = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (u == 'K' || u == 'M' || u == 'G') {
-    mult = u == 'K' ? 1024 : u == 'M' ? 1024 * 1024 : std::uint64_t{1} << 30;
-    s.pop_back();
-  }
-  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return std::stoull(s) * mult;
-}
 
 std::string first_line(const std::string& m) { return m.substr(0, m.find('\n')); }
 std::string errtext(const Error& e) { return first_line(e.message()); }
@@ -907,7 +900,7 @@ Result<void> probe_bandwidth(End& e) {
   std::vector<std::uint64_t> sizes;
   for (std::uint64_t s : {std::uint64_t{4096}, std::uint64_t{65536}, std::uint64_t{1} << 20, largest})
     if (s <= largest && (sizes.empty() || s > sizes.back())) sizes.push_back(s);
-  const std::uint64_t total_want = parse_size(e.o->bw_bytes).value_or(64u << 20);
+  const std::uint64_t total_want = cli::parse_size(e.o->bw_bytes).value_or(64u << 20); // checked in main()
   json rows = json::array();
   for (std::uint64_t s : sizes) {
     // Receives that fit the queue (4 KiB frames on Thunderbolt, at most 4095), up to 32; credits
@@ -1363,9 +1356,38 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (explain_flag) set_explain(true);
   ::signal(SIGPIPE, SIG_IGN);
-  const int modes = (o.server ? 1 : 0) + (o.connect.empty() ? 0 : 1) + (o.local ? 1 : 0);
+  int modes = (o.server ? 1 : 0) + (o.connect.empty() ? 0 : 1) + (o.local ? 1 : 0);
+  // Started by a launcher (torchrun, mpirun, srun, mlx.launch; tools/common/launcher_env.hpp) with
+  // none of the three: rank 0 is the server, rank 1 the client, at the launcher's coordinator.
+  std::string launcher_problem;
+  const auto job = cli::launcher_job(launcher_problem);
+  bool launched = false;
+  if (modes == 0 && !job) {
+    std::fprintf(stderr, "tbverbs-probe: %s\n", launcher_problem.c_str());
+    return 2;
+  }
+  if (modes == 0 && job->rank) {
+    if (job->size && *job->size != 2) {
+      std::fprintf(stderr, "tbverbs-probe: %s=%d (%s): the probe measures between exactly 2 ranks\n",
+                   job->size_variable.c_str(), *job->size, job->launcher.c_str());
+      return 2;
+    }
+    if (*job->rank > 1) {
+      std::fprintf(stderr, "tbverbs-probe: %s=%d (%s): the probe has ranks 0 (server) and 1 (client) only\n",
+                   job->rank_variable.c_str(), *job->rank, job->launcher.c_str());
+      return 2;
+    }
+    if (job->coordinator.empty()) {
+      std::fprintf(stderr, "tbverbs-probe: %s gave rank %d but no coordinator: set %s\n", job->launcher.c_str(),
+                   *job->rank, cli::kCoordinatorVariables);
+      return 2;
+    }
+    launched = true;
+    modes = 1;
+  }
   if (modes != 1) {
-    std::fprintf(stderr, "tbverbs-probe: give exactly one of --server, --connect HOST[:PORT] or --local\n");
+    std::fprintf(stderr, "tbverbs-probe: give exactly one of --server, --connect HOST[:PORT] or --local (or start it "
+                         "with a launcher: %s, with a coordinator)\n", cli::kRankVariables);
     return 2;
   }
   if (!o.quirks.empty() && !o.local) {
@@ -1377,7 +1399,12 @@ int main(int argc, char** argv) {
     o.bw_bytes = "4M";
     o.wait_ms = std::min(o.wait_ms, 500);
   }
+  if (!cli::parse_size(o.bw_bytes)) {
+    std::fprintf(stderr, "tbverbs-probe: --bw-bytes %s: not %s\n", o.bw_bytes.c_str(), cli::kSizeSyntax);
+    return 2;
+  }
   if (o.local) return run_local(o);
+  if (launched) return run_end(o, *job->rank, job->coordinator, true);
   if (o.server) return run_end(o, 0, "0.0.0.0:" + std::to_string(o.port), true);
   std::string c = o.connect;
   if (c.find(':') == std::string::npos) c += ":" + std::to_string(o.port);
