@@ -81,7 +81,7 @@ for n in $ranks_list; do
   # shellcheck disable=SC2086
   "$ring" --local "$n" -b "$min_size" -e "$max_size" --dtype "$dtype" --quiet --timeout 120000 "${link_args[@]}" \
     $extra | tee "$log" | grep --line-buffered -E '^\[rank 0\] |FAILED|^link model' | sed -u 's/^\[rank 0\] //'
-  if ! grep -q "launcher: all $n ranks exited 0" "$log" || ! grep -q "# Out of bounds values : 0 OK" "$log"; then
+  if ! grep -q "launcher: all $n ranks exited 0" "$log" || ! grep -q "# Wrong elements       : 0 OK" "$log"; then
     echo "run.sh: the $n-rank sweep failed; see $log" >&2
     exit 1
   fi

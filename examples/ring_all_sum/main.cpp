@@ -563,7 +563,7 @@ int run_rank(const Options& o) {
       if (rank == 0) std::fflush(stdout);
     }
   if (rank == 0 && !o.csv) {
-    std::printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total, wrong_total == 0 ? "OK" : "WRONG");
+    std::printf("# Wrong elements       : %" PRIu64 " %s\n", wrong_total, wrong_total == 0 ? "OK" : "WRONG");
     std::printf("# Avg bus bandwidth    : %.3f GB/s (mean of the %d runs above)\n#\n",
                 busbw_runs > 0 ? busbw_sum / busbw_runs : 0.0, busbw_runs);
     std::fflush(stdout);
