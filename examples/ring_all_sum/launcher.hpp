@@ -330,6 +330,13 @@ inline int run_local(const LocalOptions& o) {
   struct sigaction old_int {}, old_term {};
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
+  // A reader that goes away (`ring_all_sum --local 4 | head`) must not kill the launcher with
+  // SIGPIPE before it has waited for its ranks and removed its state (it left /tmp and /dev/shm
+  // directories behind): writes to the closed stdout fail instead, and the run goes on.
+  struct sigaction ign {}, old_pipe {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGPIPE, &ign, &old_pipe);
   auto flush_line = [&](int i, const std::string& line) {
     std::printf("[rank %d] %s\n", i, line.c_str());
     std::fflush(stdout);
@@ -458,6 +465,7 @@ inline int run_local(const LocalOptions& o) {
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
   if (g_launcher_signal != 0) return 128 + g_launcher_signal;
   return failed == 0 ? 0 : 1;
 }

@@ -335,6 +335,17 @@ case "$CASE" in
     [ ! -e "$tmpdir" ] || fail "$tmpdir is still there after SIGINT"
     echo "ok: SIGINT stopped the ranks, removed $tmpdir, exit 130"
     ;;
+  sigpipe)
+    # The reader of the launcher's output goes away (`| head -1`): the launcher must still wait
+    # for its ranks and remove its temporary directory (SIGPIPE killed it, and the directories
+    # stayed in /tmp and /dev/shm).
+    echo "+ $RING --local 3 --size 4K --max-size 1M --iters 2 | head -1" >"$OUT"
+    "$RING" --local 3 --size 4K --max-size 1M --iters 2 | head -1 >>"$OUT"
+    tmpdir=$(sed -nE 's|.*fabric (/tmp/tbverbs-ring-[A-Za-z0-9]+)/fabric.json.*|\1|p' "$OUT" | head -1)
+    [ -n "$tmpdir" ] || fail "the launcher did not name its temporary directory"
+    [ ! -e "$tmpdir" ] || fail "$tmpdir is still there after the reader went away"
+    echo "ok: the launcher outlived its reader and removed $tmpdir"
+    ;;
   drop)
     # Everything the first QP created on host1 sends is lost: the warm-up must catch it, both
     # ends must recreate that link, and the run must still verify.
