@@ -31,7 +31,8 @@ need_catch2() { ! dpkg-query -W -f='${Version}' libcatch2-dev 2>/dev/null | grep
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-19 libclang-rt-19-dev doxygen graphviz
           libibverbs-dev libibverbs1 ibverbs-utils nlohmann-json3-dev libcli11-dev
-          valgrind iproute2 gnuplot-nox pkg-config libc++-19-dev libc++abi-19-dev)
+          valgrind iproute2 gnuplot-nox pkg-config libc++-19-dev libc++abi-19-dev
+          perftest rdmacm-utils python3-pyverbs)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 // C control API (include/tbverbs_emu/control.h): run-time fabric state and faults.
 #include "tbverbs_emu/control.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -338,6 +339,55 @@ EMU_EXPORT const char* tbemu_gc_under(const char* under, int dry_run, int* count
   const auto removed = collect_state_dirs(dry_run != 0, &report, under ? under : "");
   if (count) *count = static_cast<int>(removed.size());
   return report.c_str();
+}
+
+EMU_EXPORT int tbemu_route_ipv4(const char* fabric, const char* host, uint32_t ip, char* device, size_t len,
+                                int* port, char* peer_host) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  int h = -1;
+  if (host) {
+    if (int e = host_index(*f, host, &h)) return e;
+  } else {
+    std::string msg;
+    h = env_host(*f, &msg);
+    if (h < 0) return fail(ENOENT, msg);
+  }
+  const uint32_t want = ntohl(ip);
+  int owner = -1;
+  {
+    Guard g(f->shm->lock);
+    for (size_t i = 0; i < f->ports.size() && owner < 0; ++i) {
+      const ShmPort& sp = f->shm->ports[i];
+      if (sp.has_ip && sp.ip == want) owner = static_cast<int>(i);
+    }
+  }
+  if (owner < 0) return fail(ENOENT, "no port has the address " + format_ipv4(want));
+  int local = f->ports[owner].host == h ? owner : f->ports[owner].peer;
+  if (local < 0 || f->ports[local].host != h)
+    return fail(ENETUNREACH, f->port_label(owner) + " holds " + format_ipv4(want) + ", and no cable of " +
+                                 f->hosts[h].name + " reaches it");
+  const std::string& dev = f->devices[f->ports[local].device].name;
+  const std::string& ph = f->hosts[f->ports[owner].host].name;
+  if (dev.size() >= len || ph.size() >= len) return fail(ENAMETOOLONG, "buffer too small");
+  std::snprintf(device, len, "%s", dev.c_str());
+  std::snprintf(peer_host, len, "%s", ph.c_str());
+  *port = f->ports[local].port_num;
+  return 0;
+}
+
+EMU_EXPORT const char* tbemu_host(const char* fabric) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return nullptr;
+  std::string msg;
+  int h = env_host(*f, &msg);
+  if (h < 0) {
+    t_error = msg;
+    return nullptr;
+  }
+  return f->hosts[h].name.c_str();  // the fabric is cached for the process life
 }
 
 EMU_EXPORT const char* tbemu_state_dir(const char* fabric) {

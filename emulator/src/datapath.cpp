@@ -148,6 +148,7 @@ ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     default: return IBV_WC_SEND;
   }
 }
@@ -407,6 +408,58 @@ uint32_t empty_rq_mode(EmuQp* q, bool tb) {
   return m;
 }
 
+// An RDMA READ (RC only; refused at post elsewhere): the requester copies the peer's
+// region into its own SGEs, which need LOCAL_WRITE (IB spec: the read response is written
+// into local memory). A bad rkey, a range outside the region, or a region or QP without
+// REMOTE_READ is the responder's NAK: REM_ACCESS_ERR.
+Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
+  Shared* s = q->ctx->fab->shm;
+  RegionPins pins(s);  // the local targets and the remote source, until the copy is done
+  iovec dst[kMaxSge];
+  unsigned nd = 0;
+  for (uint32_t i = 0; i < op.num_sge; ++i) {
+    const ibv_sge& g = op.sge[i];
+    if (g.length == 0) continue;
+    uint64_t a = 0;
+    if (!pins.add(g.lkey) ||
+        !check_region(s, g.lkey, g.addr, g.length, q->s->pid, q->s->pd, IBV_ACCESS_LOCAL_WRITE, &a)) {
+      complete_send(q, op, IBV_WC_LOC_PROT_ERR);
+      qp_to_error(q);
+      return Tx::Done;
+    }
+    dst[nd].iov_base = reinterpret_cast<void*>(a);
+    dst[nd].iov_len = g.length;
+    ++nd;
+  }
+  uint64_t ra = 0;
+  bool ok = (pv.access & IBV_ACCESS_REMOTE_READ) && (op.len == 0 || pins.add(op.rkey)) &&
+            (op.len == 0 || check_region(s, op.rkey, op.raddr, op.len, pv.pid, pv.pd, IBV_ACCESS_REMOTE_READ, &ra));
+  if (!ok) {
+    complete_send(q, op, IBV_WC_REM_ACCESS_ERR);
+    qp_to_error(q);
+    return Tx::Done;
+  }
+  {
+    Guard g(pv.qp->lock);
+    if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
+  }
+  iovec src{reinterpret_cast<void*>(ra), op.len};
+  if (copy_iov(pv.pid, &src, 1, q->s->pid, dst, nd, op.len, pv.pid_start) != Copy::Ok) return Tx::NotReady;
+  uint32_t n = packets_of(q->s, op.len);  // the response packets take the request's PSNs
+  {
+    Guard g(pv.qp->lock);
+    pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
+  }
+  q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
+  // Paced cables (our model): the request waits behind this port's sends and takes L, the
+  // response occupies the responder's direction; the READ completes when both are through.
+  Fabric& f = *q->ctx->fab;
+  const int64_t req = wire_due(f, q->s->port, 0);
+  const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), op.len) : 0;
+  complete_send(q, op, IBV_WC_SUCCESS, std::max(req, resp));
+  return Tx::Done;
+}
+
 // Attempts one send work request.
 Tx try_send(EmuQp* q, SendOp& op) {
   Fabric& f = *q->ctx->fab;
@@ -453,6 +506,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_sent(q, op);  // UC: silently lost
     return Tx::Done;
   }
+
+  if (op.opcode == IBV_WR_RDMA_READ) return try_read(q, op, pv);
 
   // Remote region of an RDMA WRITE: checked before any receive is consumed.
   // (Never under empty_rq=wait: Thunderbolt writes returned above.)
@@ -805,9 +860,11 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       if (bad) *bad = wr;
       return EINVAL;
     }
+    // RDMA READ is an RC operation (IB spec: UC carries SEND and WRITE only).
     bool supported = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_RDMA_WRITE ||
                      (!tb && (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) ||
-                     (tb && wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM);
+                     (tb && wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ||
+                     (wr->opcode == IBV_WR_RDMA_READ && q->s->type == IBV_QPT_RC && !(wr->send_flags & IBV_SEND_INLINE));
     if (!supported) {
       if (bad) *bad = wr;
       return EINVAL;

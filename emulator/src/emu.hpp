@@ -61,6 +61,7 @@ struct Limits {
   uint64_t max_msg;         // port max_msg_sz; longer sends complete with LOC_LEN_ERR
   uint32_t max_cqe;
   uint32_t max_inline;
+  uint32_t max_rd_atom;     // outstanding RDMA READs per QP (max_qp_rd_atom); RTS asking for more → EINVAL
 };
 const Limits& limits_of(Profile p);
 // Thunderbolt: the depth create_qp grants for a request (see limits_of for the model).

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -76,8 +77,32 @@ struct SendOp {
   uint32_t frames_counted = 0;    // Thunderbolt: frames this WR holds in the QP's tx_frames
 };
 
+// The work requests of one ibv_wr_start() ... ibv_wr_complete() batch (the extended
+// send API), posted as one chain by wr_complete. Vectors keep their capacity, so after the
+// first batches of a size nothing is allocated. Inline payloads are copied when set (the
+// caller may reuse the buffer at once) and referenced by offset until the chain is built.
+struct WrBatch {
+  struct Wr {
+    ibv_send_wr wr;
+    uint32_t first_sge, num_sge;
+    int64_t inline_at;  // offset in `inline_bytes`, or -1
+    uint32_t inline_len;
+  };
+  std::vector<Wr> wrs;
+  std::vector<ibv_sge> sges;
+  std::vector<char> inline_bytes;
+  std::vector<ibv_send_wr> chain;
+  int error = 0;  // the first error of the batch, returned by wr_complete
+};
+
 struct EmuQp {
-  ibv_qp qp;
+  // ibv_qp_ex starts with the ibv_qp, so both views share one address: ibv_qp_to_qp_ex and
+  // the wr_* callbacks move between them by a cast, as rdma-core's providers do.
+  union {
+    ibv_qp_ex qpx;
+    ibv_qp qp;
+  };
+  std::unique_ptr<WrBatch> batch;  // QPs created with send_ops_flags (ibv_create_qp_ex) only
   EmuContext* ctx;
   uint32_t slot;
   ShmQp* s;
@@ -98,6 +123,11 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc);
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only);
+// The extended QP API (verbs_ex.cpp): verbs_context.create_qp_ex.
+ibv_qp* emu_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+// verbs_context.query_device_ex (verbs_ex.cpp).
+int emu_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                        size_t attr_size);
 void progress_all();
 bool any_pending();
 void forget_pending(EmuQp* q);

@@ -25,6 +25,7 @@ const Limits& limits_of(Profile p) {
       .max_msg = 16773120,     // TN3205: "message sizes of up to 16,773,120 bytes" (4095 frames)
       .max_cqe = 4096,         // TN3205's example CQ of 4095+1 entries (no published maximum)
       .max_inline = 0,         // JACCL and ds4 ask for 0; TN3205 does not document inline data
+      .max_rd_atom = 0,        // [R] devinfo dumps (max_qp_rd_atom 0): no RDMA READ on a UC-only driver
   };
   static const Limits kRdmaCoreRc{
       .max_qp = kMaxQps,
@@ -39,6 +40,7 @@ const Limits& limits_of(Profile p) {
       .max_msg = 1ull << 30,   // one process_vm_writev call
       .max_cqe = kCqRing - 1,
       .max_inline = 256,
+      .max_rd_atom = 16,       // our assumption: what ConnectX ports commonly report
   };
   return p == Profile::Thunderbolt ? kThunderbolt : kRdmaCoreRc;
 }

@@ -218,9 +218,13 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   verbs_context& v = c->v;
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_op;
+  v.create_qp_ex = emu_create_qp_ex;
+  v.query_device_ex = emu_query_device_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
-  ctx.cmd_fd = -1;
+  // There is no kernel command channel, but programs treat cmd_fd as an fd (pyverbs dups it
+  // to import the context, which ibv_import_device then refuses): a quiet eventfd.
+  ctx.cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   // No asynchronous events are generated, but programs poll this fd, so make it real.
   ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ctx.num_comp_vectors = 1;
@@ -238,6 +242,7 @@ EMU_EXPORT int ibv_close_device(ibv_context* context) {
   if (!c) return EINVAL;
   if (int e = faulted(c, "ibv_close_device")) return e;
   if (c->v.context.async_fd >= 0) ::close(c->v.context.async_fd);
+  if (c->v.context.cmd_fd >= 0) ::close(c->v.context.cmd_fd);
   pthread_mutex_destroy(&c->v.context.mutex);
   delete c;
   return 0;
@@ -268,8 +273,9 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->max_mr = static_cast<int>(l.max_mr);
   a->max_pd = static_cast<int>(l.max_pd);
   a->max_srq = 0;
-  a->max_qp_rd_atom = 0;
-  a->max_qp_init_rd_atom = 0;
+  a->max_qp_rd_atom = static_cast<int>(l.max_rd_atom);
+  a->max_qp_init_rd_atom = static_cast<int>(l.max_rd_atom);
+  a->max_res_rd_atom = static_cast<int>(l.max_rd_atom * l.max_qp);
   a->atomic_cap = IBV_ATOMIC_NONE;
   a->max_pkeys = 1;
   a->local_ca_ack_delay = 16;
@@ -1101,7 +1107,10 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     if (mask & IBV_QP_TIMEOUT) q->attr.timeout = attr->timeout;
     if (mask & IBV_QP_RETRY_CNT) q->attr.retry_cnt = attr->retry_cnt & 7;
     if (mask & IBV_QP_RNR_RETRY) q->attr.rnr_retry = attr->rnr_retry & 7;
-    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) q->attr.max_rd_atomic = attr->max_rd_atomic;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) {
+      if (attr->max_rd_atomic > lim(q->ctx).max_rd_atom) return EINVAL;  // above max_qp_rd_atom, as drivers refuse
+      q->attr.max_rd_atomic = attr->max_rd_atomic;
+    }
     if (mask & IBV_QP_MIN_RNR_TIMER) s->min_rnr_timer = q->attr.min_rnr_timer = attr->min_rnr_timer;
   } else {
     return EINVAL;  // not a transition verbs allows
@@ -1133,10 +1142,22 @@ EMU_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/, ibv_qp_
   return 0;
 }
 
-EMU_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  errno = EOPNOTSUPP;  // the extended QP API is not emulated
-  return nullptr;
+// As in rdma-core: the extended view exists for QPs created with send_ops_flags
+// (ibv_create_qp_ex); others get NULL.
+EMU_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  auto* q = reinterpret_cast<EmuQp*>(qp);
+  if (!q || !q->batch) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  return &q->qpx;
 }
+
+// Enhanced connection establishment and the data-in-order query: nothing to negotiate.
+// rdma-core answers the same (EOPNOTSUPP, 0 = no ordering promised) for a provider without them.
+EMU_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 0; }
 
 // ---------------------------------------------------------------- unsupported objects
 
@@ -1144,7 +1165,37 @@ EMU_EXPORT ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
   errno = EOPNOTSUPP;  // no UD QPs, so no address handles
   return nullptr;
 }
+EMU_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
 EMU_EXPORT int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
+// Sharing objects between processes goes through the kernel's command fd (cmd_fd), which
+// an emulated context does not have; dma-buf registration needs a kernel exporter. Nothing
+// can be imported, so the unimport calls have nothing to release.
+EMU_EXPORT ibv_context* ibv_import_device(int) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+EMU_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+EMU_EXPORT void ibv_unimport_pd(ibv_pd*) {}
+EMU_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+EMU_EXPORT void ibv_unimport_mr(ibv_mr*) {}
+EMU_EXPORT ibv_dm* ibv_import_dm(ibv_context*, uint32_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+EMU_EXPORT void ibv_unimport_dm(ibv_dm*) {}
+EMU_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
 EMU_EXPORT ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
   errno = EOPNOTSUPP;
   return nullptr;
@@ -1154,7 +1205,10 @@ EMU_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP;
 EMU_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return IBV_REREG_MR_ERR_INPUT; }
+EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
+  errno = EOPNOTSUPP;  // re-registration is not modelled; callers read errno for why
+  return IBV_REREG_MR_ERR_INPUT;
+}
 
 EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
   // Never produces events: block (or EAGAIN) on the context's quiet eventfd.

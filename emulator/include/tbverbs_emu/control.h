@@ -9,6 +9,7 @@
 #ifndef TBVERBS_EMU_CONTROL_H
 #define TBVERBS_EMU_CONTROL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -76,6 +77,20 @@ const char* tbemu_describe(const char* fabric);
 /* Makes QP `qpn` look as if its owner died and another process got its pid (the QP records the
  * owner's start time): nothing may be written into that process any more. */
 int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn);
+
+/* Address resolution for the emulated connection manager (the emulator's librdmacm.so.1):
+ * which local port reaches IPv4 address `ip` (network byte order) from `host` (NULL = this
+ * process's TBVERBS_EMU_HOST). The address is the current one of some port (set-ipv4 and
+ * clear-ipv4 apply at once); the local port is that port itself when it is on `host`
+ * (loopback), else the port of `host` at the other end of its cable. Fills `device` (`len`
+ * bytes), *port (1-based) and `peer_host` (`len` bytes: the host that holds the address).
+ * ENOENT: no port has the address; ENETUNREACH: it is on another host that no cable of
+ * `host` reaches. */
+int tbemu_route_ipv4(const char* fabric, const char* host, uint32_t ip, char* device, size_t len, int* port,
+                     char* peer_host);
+
+/* This process's host name on the fabric (TBVERBS_EMU_HOST, or the first host); NULL on error. */
+const char* tbemu_host(const char* fabric);
 
 /* Directory holding the fabric's shared state; NULL on error. */
 const char* tbemu_state_dir(const char* fabric);

@@ -1,0 +1,213 @@
+// Issue 14: RDMA READ and the extended send API (ibv_create_qp_ex, ibv_wr_*), which perftest,
+// rping and rdma-core's Python tests use.
+#include <arpa/inet.h>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include "emu_test_util.hpp"
+
+using namespace emutest;
+
+namespace {
+
+constexpr int kRemoteRw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// RC both ways, QPs allowing remote reads.
+bool connect_rw(Side& a, Side& b) {
+  for (auto [x, y] : {std::pair<Side*, Side*>{&a, &b}, {&b, &a}})
+    if (to_init(x->qp, kRemoteRw) || to_rtr(x->qp, y->qp->qp_num, gid_of(y->ctx, 1), 1) || to_rts(x->qp)) return false;
+  return true;
+}
+
+ibv_qp* create_ex(Side& s, ibv_qp_type type, uint64_t ops) {
+  ibv_qp_init_attr_ex a{};
+  a.send_cq = a.recv_cq = s.cq;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 16;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  a.cap.max_inline_data = 64;
+  a.qp_type = type;
+  a.pd = s.pd;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  a.send_ops_flags = ops;
+  return ibv_create_qp_ex(s.ctx, &a);
+}
+
+}  // namespace
+
+TEST_CASE("RDMA READ on RC: data, opcode, and the responder's checks", "[rc][read]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  ibv_device_attr da{};
+  REQUIRE(ibv_query_device(a.ctx, &da) == 0);
+  CHECK(da.max_qp_rd_atom == 16);
+  REQUIRE(connect_rw(a, b));
+  const uint64_t base = reinterpret_cast<uint64_t>(b.buf.data());
+  for (size_t i = 0; i < 8192; ++i) b.buf[i] = static_cast<char>(i * 7);
+  ibv_wc wc{};
+
+  REQUIRE(post_send(a, 1, 100, 8000, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 0, base + 50, b.mr->rkey) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_RDMA_READ);
+  CHECK(wc.byte_len == 8000);
+  CHECK(std::memcmp(a.buf.data() + 100, b.buf.data() + 50, 8000) == 0);
+  CHECK(a.buf[99] == 0);
+  CHECK(a.buf[8100] == 0);
+  CHECK(quiet(b.cq, 20));  // the responder sees no completion
+
+  SECTION("a region without REMOTE_READ: REM_ACCESS_ERR, nothing read") {
+    std::vector<char> wo(4096, 0x5a);
+    ibv_mr* mr = ibv_reg_mr(b.pd, wo.data(), wo.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    REQUIRE(mr);
+    std::memset(a.buf.data(), 0, 64);
+    REQUIRE(post_send(a, 2, 0, 64, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 0, reinterpret_cast<uint64_t>(wo.data()),
+                      mr->rkey) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(a.buf[0] == 0);
+    ibv_dereg_mr(mr);
+  }
+  SECTION("beyond the region: REM_ACCESS_ERR") {
+    REQUIRE(post_send(a, 2, 0, 64, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 0, base + b.buf.size() - 32, b.mr->rkey) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+  }
+  SECTION("into a local region without LOCAL_WRITE: LOC_PROT_ERR") {
+    std::vector<char> ro(4096, 0);
+    ibv_mr* mr = ibv_reg_mr(a.pd, ro.data(), ro.size(), 0);
+    REQUIRE(mr);
+    ibv_sge sge{reinterpret_cast<uint64_t>(ro.data()), 64, mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 3;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = base;
+    wr.wr.rdma.rkey = b.mr->rkey;
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+    CHECK(ro[0] == 0);
+    ibv_dereg_mr(mr);
+  }
+  SECTION("RTS asking for more reads in flight than max_qp_rd_atom: EINVAL") {
+    ibv_qp_attr qa{};
+    qa.qp_state = IBV_QPS_RTS;
+    qa.max_rd_atomic = 17;
+    CHECK(ibv_modify_qp(a.qp, &qa, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC) == EINVAL);
+  }
+}
+
+TEST_CASE("RDMA READ is refused on UC at post (IB spec: UC carries SEND and WRITE)", "[uc][read]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_UC));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_UC));
+  REQUIRE(connect_pair(a, b));
+  CHECK(post_send(a, 1, 0, 64, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 0, reinterpret_cast<uint64_t>(b.buf.data()),
+                  b.mr->rkey) == EINVAL);
+}
+
+TEST_CASE("extended send API: a wr_start..wr_complete batch moves data like ibv_post_send", "[rc][qpex]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  ibv_destroy_qp(a.qp);
+  a.qp = create_ex(a, IBV_QPT_RC,
+                   IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+                       IBV_QP_EX_WITH_RDMA_READ);
+  REQUIRE(a.qp);
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(a.qp);
+  REQUIRE(x);
+  CHECK(ibv_qp_to_qp_ex(b.qp) == nullptr);  // made by ibv_create_qp: no extended view
+  REQUIRE(connect_rw(a, b));
+  const uint64_t base = reinterpret_cast<uint64_t>(b.buf.data());
+  std::memset(a.buf.data(), 0x21, 256);
+  std::memset(b.buf.data() + 4096, 0x43, 128);
+  REQUIRE(post_recv(b, 10, 1024, 256) == 0);
+  REQUIRE(post_recv(b, 11, 2048, 256) == 0);
+  const char inl[] = "inline payload";
+
+  ibv_wr_start(x);
+  x->wr_id = 1;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(x);
+  ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()), 200);
+  x->wr_id = 2;
+  ibv_wr_send_imm(x, htonl(0x1234));
+  ibv_wr_set_inline_data(x, const_cast<char*>(inl), sizeof inl);
+  x->wr_id = 3;
+  ibv_wr_rdma_write(x, b.mr->rkey, base + 3000);
+  ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()), 100);
+  x->wr_id = 4;
+  ibv_wr_rdma_read(x, b.mr->rkey, base + 4096);
+  ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()) + 8192, 128);
+  REQUIRE(ibv_wr_complete(x) == 0);
+
+  ibv_wc wc{};
+  for (uint64_t id = 1; id <= 4; ++id) {
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(wc.wr_id == id);
+  }
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK((wc.wr_id == 10 && wc.byte_len == 200 && b.buf[1024] == 0x21));
+  REQUIRE(poll_one(b.cq, &wc));
+  CHECK((wc.wr_id == 11 && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 0x1234));
+  CHECK(std::memcmp(b.buf.data() + 2048, inl, sizeof inl) == 0);
+  CHECK((b.buf[3000] == 0x21 && b.buf[3099] == 0x21 && b.buf[3100] == 0));
+  CHECK((a.buf[8192] == 0x43 && a.buf[8319] == 0x43 && a.buf[8320] == 0));
+
+  SECTION("a setter before any opcode, too many SGEs, too much inline data: wr_complete says EINVAL") {
+    ibv_wr_start(x);
+    ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()), 8);
+    CHECK(ibv_wr_complete(x) == EINVAL);
+    ibv_sge two[2] = {{reinterpret_cast<uint64_t>(a.buf.data()), 8, a.mr->lkey},
+                      {reinterpret_cast<uint64_t>(a.buf.data()) + 8, 8, a.mr->lkey}};
+    ibv_wr_start(x);
+    ibv_wr_send(x);
+    ibv_wr_set_sge_list(x, 2, two);  // the QP was created with one send SGE
+    CHECK(ibv_wr_complete(x) == EINVAL);
+    std::vector<char> big(4096, 1);
+    ibv_wr_start(x);
+    ibv_wr_send(x);
+    ibv_wr_set_inline_data(x, big.data(), big.size());
+    CHECK(ibv_wr_complete(x) == EINVAL);
+    CHECK(quiet(a.cq, 20));  // nothing of a refused batch was posted
+  }
+  SECTION("wr_abort posts nothing") {
+    ibv_wr_start(x);
+    x->wr_id = 9;
+    ibv_wr_send(x);
+    ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()), 8);
+    ibv_wr_abort(x);
+    CHECK(quiet(a.cq, 20));
+  }
+}
+
+TEST_CASE("extended send API: what is not modelled is refused at creation", "[qpex]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_RC));
+  errno = 0;
+  CHECK(create_ex(s, IBV_QPT_RC, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+  errno = 0;
+  CHECK(create_ex(s, IBV_QPT_UC, IBV_QP_EX_WITH_RDMA_READ) == nullptr);  // UC carries no READ
+  CHECK(errno == EOPNOTSUPP);
+}
+
+TEST_CASE("extended send API on Thunderbolt: absent (our assumption: TN3205 documents ibv_post_send only)",
+          "[tb][qpex]") {
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_UC));
+  errno = 0;
+  CHECK(create_ex(s, IBV_QPT_UC, IBV_QP_EX_WITH_SEND) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+}
