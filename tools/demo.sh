@@ -53,7 +53,7 @@ rc=${PIPESTATUS[0]}
 set -e
 
 section "result"
-if [ "$rc" -eq 0 ] && grep -q '# Out of bounds values : 0 OK' "$build/demo.log"; then
+if [ "$rc" -eq 0 ] && grep -q '# Wrong elements       : 0 OK' "$build/demo.log"; then
   grep -E '^\[rank 0\] +(#|[0-9])' "$build/demo.log" | sed 's/^\[rank 0\] //'
   echo "demo: every rank checked its result against the closed-form sum: VERIFIED ($ranks ranks)"
   echo "demo: run it yourself: $ring --local $ranks --size 64M --dtype all --place both"

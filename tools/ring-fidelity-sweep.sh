@@ -29,7 +29,7 @@ run() {  # label, ring arguments...
   local label=$1; shift
   local t0=$SECONDS
   # Verified: exit 0, no mismatch, and the result table's footer counting no wrong element.
-  if "$ring" "$@" >"$log" 2>&1 && ! grep -Eq "MISMATCH|FAILED" "$log" && grep -q "# Out of bounds values : 0 OK" "$log"; then
+  if "$ring" "$@" >"$log" 2>&1 && ! grep -Eq "MISMATCH|FAILED" "$log" && grep -q "# Wrong elements       : 0 OK" "$log"; then
     echo "ok    $label ($((SECONDS - t0)) s): $(grep -Ec '^\[rank 0\] +[0-9]+ +[0-9]+ ' "$log") result rows, #wrong 0"
     grep -E '^\[rank 0\] +(#  |[0-9])' "$log" | sed 's/^\[rank 0\] /      /'
   else

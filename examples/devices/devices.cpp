@@ -14,6 +14,8 @@
 // TBVERBS_LIBRARY and TBVERBS_GID_INDEX are honoured exactly as the library honours them.
 #include <tbverbs/tbverbs.hpp>
 
+#include <CLI/CLI.hpp>
+
 #if TBVERBS_EXAMPLE_HAVE_JSON
 #include <nlohmann/json.hpp>
 #endif
@@ -321,40 +323,20 @@ nlohmann::json to_json(const std::string& library, tbverbs::Platform lib_platfor
 }
 #endif
 
-int usage(const char* argv0, int status) {
-  (status == 0 ? std::cout : std::cerr)
-      << "usage: " << argv0 << " [--library PATH] [--device NAME] [--json]\n"
-      << "  --library PATH  verbs library to load (default: $TBVERBS_LIBRARY, then the platform's)\n"
-      << "  --device NAME   show only this device\n"
-      << "  --json          machine-readable output (for bug reports)\n"
-      << "exit status: 0 when a port is active with a usable GID, 1 otherwise, 2 on a usage error\n";
-  return status;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
   std::string library_path, device_name;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) return false;
-      out = argv[++i];
-      return true;
-    };
-    if (arg == "--library") {
-      if (!value(library_path)) return usage(argv[0], 2);
-    } else if (arg == "--device") {
-      if (!value(device_name)) return usage(argv[0], 2);
-    } else if (arg == "--json") {
-      json = true;
-    } else if (arg == "-h" || arg == "--help") {
-      return usage(argv[0], 0);
-    } else {
-      std::cerr << "unknown argument: " << arg << '\n';
-      return usage(argv[0], 2);
-    }
+  CLI::App app{"devices: every RDMA device, its ports and GID table, and the GID selection tbverbs would make"};
+  app.add_option("--library", library_path, "verbs library to load (default: $TBVERBS_LIBRARY, then the platform's)");
+  app.add_option("--device", device_name, "show only this device");
+  app.add_flag("--json", json, "machine-readable output (for bug reports)");
+  app.footer("exit status: 0 when a port is active with a usable GID, 1 otherwise, 2 on a usage error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2; // --help is 0; every usage error is 2, as the footer says
   }
 #if !TBVERBS_EXAMPLE_HAVE_JSON
   if (json) {

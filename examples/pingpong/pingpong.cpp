@@ -18,7 +18,8 @@
 //              --bw-size BYTES (bandwidth message; default one 4 KiB frame on Apple's driver, the
 //                               only size every reading of it delivers (macOS 26.2 delivers no
 //                               larger message), 16384 elsewhere)
-//              --iters N (default 1000)  --timeout SECONDS (every wait, default 10)
+//              --iters N (default 1000)  --timeout MS (every wait, default 10000)
+//              (sizes as the ring takes them: 4096, 64K, 16M; tools/common/size_arg.hpp)
 //              --events (ask for a completion channel so waits sleep on it; where the driver
 //                        refuses one, as Apple's may, the wait polls and says so once)
 //              --explain (print every INIT/RTR/RTS attribute and capacity with why: TBVERBS_EXPLAIN=1)
@@ -33,6 +34,8 @@
 // The two processes find each other over a plain TCP connection (the "bootstrap"): it carries
 // the queue pairs' endpoints (QP number, PSN, GID) and a few one-byte "I am ready" barriers.
 // RDMA itself needs that out-of-band exchange; real programs use their launcher's channel.
+#include "../../tools/common/size_arg.hpp"
+
 #include <tbverbs/explain.hpp>
 #include <tbverbs/tbverbs.hpp>
 
@@ -45,6 +48,8 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <array>
@@ -85,7 +90,7 @@ struct Options {
   std::size_t size = 64;          // latency message size
   std::size_t bw_size = 0;        // bandwidth message size; 0: one 4 KiB frame on Apple, 16 KiB elsewhere
   int iters = 1000;
-  int timeout_s = 10;
+  int timeout_ms = 10000;          // bound of every wait, in ms as in the ring and the probe
   bool events = false;            // --events: ask for a completion channel (CqWait::channel)
   bool explain = false;           // --explain: every QP attribute with why (TBVERBS_EXPLAIN=1)
 };
@@ -315,8 +320,8 @@ Layout layout(const Options& o) {
 // Polls until at least one completion arrives, or dies at the deadline: UC never reports a
 // dead peer, so a wait without a deadline could hang for ever.
 std::span<tbverbs::WorkCompletion> wait_some(tbverbs::CompletionQueue& cq, std::span<tbverbs::WorkCompletion> wcs,
-                                             int timeout_s) {
-  const std::size_t n = check(cq.wait(wcs, Clock::now() + std::chrono::seconds(timeout_s)));
+                                             int timeout_ms) {
+  const std::size_t n = check(cq.wait(wcs, Clock::now() + std::chrono::milliseconds(timeout_ms)));
   return wcs.first(n);
 }
 
@@ -325,7 +330,7 @@ std::span<tbverbs::WorkCompletion> wait_some(tbverbs::CompletionQueue& cq, std::
 // ----------------------------------------------------------------------------------------------
 
 int run(Options o, bool server, int sock) {
-  const auto setup_deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
+  const auto setup_deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
 
   // 1. Load the verbs library (dlopen; nothing is linked at build time) and open the device.
   const tbverbs::Library lib = check(tbverbs::Library::load(o.library));
@@ -461,7 +466,7 @@ int run(Options o, bool server, int sock) {
   // Post the first receive, then tell the peer. A receive is reposted only while more
   // messages are coming: a spare one would swallow the first message of the next phase.
   check(qp.recv(wr_id(ping_recv, 0), sge(l.ping_rx, o.size)));
-  barrier(sock, Clock::now() + std::chrono::seconds(o.timeout_s));
+  barrier(sock, Clock::now() + std::chrono::milliseconds(o.timeout_ms));
 
   // Completions come in whatever order the hardware produces them: our send's completion may
   // arrive after the peer's answer, and the peer's next message may arrive in the same batch. So
@@ -470,7 +475,7 @@ int run(Options o, bool server, int sock) {
   std::uint64_t received = 0, sends_done = 0;
   const auto total = static_cast<std::uint64_t>(rounds);
   auto pump = [&] {
-    for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_s)) {
+    for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_ms)) {
       if (kind_of(wc.wr_id()) == ping_send) {
         ++sends_done;
         continue;
@@ -519,7 +524,7 @@ int run(Options o, bool server, int sock) {
   // ---- Phase 2: bandwidth. The client streams, the server verifies and acknowledges. --------
   const auto n = static_cast<std::uint64_t>(o.iters);
   const std::uint64_t acks = (n + flow.window() - 1) / flow.window(); // one per window, the last may be short
-  const auto phase_deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
+  const auto phase_deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
   std::uint64_t posted = 0; // server: data receives posted; client: ack receives posted
   if (server) {
     for (; posted < std::min<std::uint64_t>(flow.depth, n); ++posted) {
@@ -540,7 +545,7 @@ int run(Options o, bool server, int sock) {
     bool ack_in_flight = false; // the one ack buffer may be rewritten only after its send completed
     std::uint64_t ack_pending = 0; // a count waiting to be acknowledged
     while (data_received < n || ack_in_flight || ack_pending != 0) {
-      for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_s)) {
+      for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_ms)) {
         if (kind_of(wc.wr_id()) == ack_send) {
           ack_in_flight = false;
           continue;
@@ -580,7 +585,7 @@ int run(Options o, bool server, int sock) {
         check(qp.send(wr_id(data_send, sent % flow.depth), sge(off, o.bw_size)));
         ++sent;
       }
-      for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_s)) {
+      for (const tbverbs::WorkCompletion& wc : wait_some(cq, wcs, o.timeout_ms)) {
         if (kind_of(wc.wr_id()) == data_send) {
           ++send_done; // sends complete in order on one QP
           continue;
@@ -607,7 +612,7 @@ int run(Options o, bool server, int sock) {
   }
 
   // A last barrier so neither side tears down its QP while the other still expects a message.
-  barrier(sock, Clock::now() + std::chrono::seconds(o.timeout_s));
+  barrier(sock, Clock::now() + std::chrono::milliseconds(o.timeout_ms));
   say("done");
   return 0;
 }
@@ -665,7 +670,7 @@ int run_local(Options o) {
     c.device = dev;
     if (!server) ::close(lfd);
     g_role = server ? "server" : "client";
-    const auto deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
     const int sock = server ? accept_one(lfd, deadline) : connect_to(c.host, port, deadline);
     std::_Exit(run(c, server, sock) == 0 ? 0 : 1);
   };
@@ -692,61 +697,61 @@ int run_local(Options o) {
   return failed ? 1 : 0;
 }
 
-int usage(const char* argv0, int status) {
-  std::fprintf(status ? stderr : stdout,
-               "usage: %s --server [--port P] | --connect HOST:PORT | --local [--profile thunderbolt|rdma-core-rc]\n"
-               "       [--device NAME] [--library PATH] [--size BYTES] [--bw-size BYTES] [--iters N] [--timeout S]\n"
-               "       [--events] [--explain]\n",
-               argv0);
-  return status;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
   // A peer that exits closes the bootstrap socket: report that as an error, don't die of SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) std::exit(usage(argv[0], 2));
-      return argv[++i];
-    };
-    auto number = [&]() -> long {
-      const std::string v = value();
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n <= 0) {
-        std::fprintf(stderr, "%s needs a positive number, not \"%s\"\n", std::string(arg).c_str(), v.c_str());
-        std::exit(2);
-      }
-      return n;
-    };
-    if (arg == "--server") o.mode = Options::Mode::server;
-    else if (arg == "--local") o.mode = Options::Mode::local;
-    else if (arg == "--connect") {
-      o.mode = Options::Mode::client;
-      const std::string hp = value();
-      const auto colon = hp.rfind(':');
-      if (colon == std::string::npos) return usage(argv[0], 2);
-      o.host = hp.substr(0, colon);
-      o.port = static_cast<std::uint16_t>(std::strtoul(hp.c_str() + colon + 1, nullptr, 10));
-    } else if (arg == "--port") o.port = static_cast<std::uint16_t>(number());
-    else if (arg == "--device") o.device = value();
-    else if (arg == "--library") o.library = value();
-    else if (arg == "--profile") o.profile = value();
-    else if (arg == "--size") o.size = static_cast<std::size_t>(number());
-    else if (arg == "--bw-size") o.bw_size = static_cast<std::size_t>(number());
-    else if (arg == "--iters") o.iters = static_cast<int>(number());
-    else if (arg == "--timeout") o.timeout_s = static_cast<int>(number());
-    else if (arg == "--events") o.events = true;
-    else if (arg == "--explain") o.explain = true;
-    else if (arg == "-h" || arg == "--help") return usage(argv[0], 0);
-    else {
-      std::fprintf(stderr, "unknown argument: %s\n", argv[i]);
-      return usage(argv[0], 2);
+  CLI::App app{"pingpong: latency and bandwidth of one queue pair between two processes, every byte verified"};
+  bool server = false, local = false;
+  std::string connect, size = "64", bw_size;
+  app.add_flag("--server", server, "wait for a client on --port");
+  app.add_option("--connect", connect, "HOST:PORT of the server");
+  app.add_flag("--local", local, "server and client on an emulated fabric on this machine");
+  app.add_option("--port", o.port, "TCP port of the bootstrap connection (--server)")->capture_default_str();
+  app.add_option("--device", o.device, "device (default: TBVERBS_DEVICE, else the first)");
+  app.add_option("--library", o.library,
+                 "verbs library (default: TBVERBS_LIBRARY, else the platform's; --local: the emulator)");
+  app.add_option("--profile", o.profile, "--local: thunderbolt or rdma-core-rc")->capture_default_str();
+  // Sizes as the ring takes them (tools/common/size_arg.hpp): 4096, 64K, 16M.
+  const CLI::Validator size_check(
+      [](std::string& v) {
+        const auto n = cli::parse_size(v);
+        return n && *n > 0 ? std::string() : std::string("not ") + cli::kSizeSyntax;
+      },
+      "SIZE");
+  app.add_option("--size", size, "latency message size")->check(size_check)->capture_default_str();
+  app.add_option("--bw-size", bw_size, "bandwidth message size (default: one 4 KiB frame on Apple's driver, 16K elsewhere)")
+      ->check(size_check);
+  app.add_option("--iters", o.iters, "latency round trips")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--timeout", o.timeout_ms, "ms: the bound of every wait")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--events", o.events, "ask for a completion channel so waits sleep on it");
+  app.add_flag("--explain", o.explain, "print every QP attribute with why (TBVERBS_EXPLAIN=1)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2; // --help is 0; a usage error is 2
+  }
+  if ((server ? 1 : 0) + (local ? 1 : 0) + (connect.empty() ? 0 : 1) != 1) {
+    std::fprintf(stderr, "pingpong: give exactly one of --server, --connect HOST:PORT or --local (see --help)\n");
+    return 2;
+  }
+  o.size = *cli::parse_size(size);
+  if (!bw_size.empty()) o.bw_size = *cli::parse_size(bw_size);
+  if (server) o.mode = Options::Mode::server;
+  if (local) o.mode = Options::Mode::local;
+  if (!connect.empty()) {
+    o.mode = Options::Mode::client;
+    const auto colon = connect.rfind(':');
+    char* end = nullptr;
+    const unsigned long p = colon == std::string::npos ? 0 : std::strtoul(connect.c_str() + colon + 1, &end, 10);
+    if (colon == std::string::npos || end == connect.c_str() + colon + 1 || *end != '\0' || p == 0 || p > 65535) {
+      std::fprintf(stderr, "pingpong: --connect %s: not HOST:PORT\n", connect.c_str());
+      return 2;
     }
+    o.host = connect.substr(0, colon);
+    o.port = static_cast<std::uint16_t>(p);
   }
 
   switch (o.mode) {
@@ -761,10 +766,10 @@ int main(int argc, char** argv) {
   }
   case Options::Mode::client: {
     g_role = "client";
-    const int sock = connect_to(o.host, o.port, Clock::now() + std::chrono::seconds(o.timeout_s));
+    const int sock = connect_to(o.host, o.port, Clock::now() + std::chrono::milliseconds(o.timeout_ms));
     return run(o, false, sock);
   }
   case Options::Mode::none: break;
   }
-  return usage(argv[0], 2);
+  return 2;
 }

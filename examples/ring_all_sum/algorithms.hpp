@@ -24,6 +24,13 @@
 // n/2 times the ring's bytes per cable. Received vectors land in the scratch buffer's gather area,
 // each at its own place, so a forward is sent from where its data arrived.
 //
+// The mesh (a fully connected job: every pair of ranks cabled, common for 2 to 4 Macs): every rank
+// sends its vector to every other rank over their own cable, one hop, and sums the n vectors in
+// rank order. Each cable direction carries one vector: one hop of latency for the whole buffer per
+// cable, where the ring carries (n-1)/n of it over 2(n-1) hops. It runs on the ring's links to the
+// neighbours and one more link per other rank; with 3 ranks or fewer every rank is a neighbour and
+// the latency algorithm is already one hop (--algorithm mesh runs it). Messages travel as SEND/RECV.
+//
 // Credits without extra messages: on every cable both directions carry the same sequence of
 // messages (the same step and piece numbers), so message j from the peer proves that the peer had
 // posted its receives for my messages up to j + window before it sent it. A rank therefore sends its
@@ -182,23 +189,64 @@ struct LatencySchedule {
 };
 
 // The crossover of Algorithm::automatic: the latency algorithm at or below these bytes per rank,
-// the ring above. TODO(measure): figures.
+// the ring above. Measured with bench/all_sum/crossover.sh (Release, 2026-12-01, a 2-core machine
+// shared with other builds, load average about 4) on the paced emulator at B = 0.25 GB/s, L = 150 us
+// (Thunderbolt 5's 9.4 GB/s and 4 us slowed 37.6x: the same bandwidth-delay product, 37.6 KB, which
+// is what places the crossover), time of the latency algorithm over the ring's, 20 iterations:
+//
+//   bytes per rank   4K    16K   32K   64K   128K  256K  512K  1M
+//   2 ranks          0.80  0.81  0.90  1.17  1.08  1.40  1.36  1.40
+//   3 ranks          0.94  0.79  0.64  0.84  0.98  0.85  1.00  1.05
+//   4 ranks          0.61  0.66  0.73  0.84  1.08  1.41  1.61  1.93   (another run: 0.98 at 128K)
+//   8 ranks          0.54  0.68  0.74  0.98  1.47  1.45  1.88  2.48
+//
+// The link model predicts the same places: the ring costs 2(n-1) hops of L and sends (n-1)/n of
+// the buffer per cable direction, the latency algorithm floor(n/2) hops and floor(n/2) buffers,
+// so it wins below L B (2(n-1) - h) / (h - (n-1)/n), h = floor(n/2): 2 L B at 2 ranks (75 KB on
+// Thunderbolt 5), 9 L B at 3 (every rank is a neighbour: one hop), 3.2 L B at 4 and 8 (120 KB).
+// Unpaced (the CPUs and the emulator's wake-ups are the limit) the same runs cross at 128K, 256K,
+// 64K and 512K for 2, 3, 4 and 8 ranks, noisily; the table keeps the paced figures, rounded down.
 inline std::size_t latency_crossover_bytes(int n) {
-  (void)n;
+  if (n == 2) return 32 * 1024;
+  if (n == 3) return 256 * 1024;
   return 64 * 1024;
 }
 
+// The mesh's crossover on a fully connected job (MESH=1 bench/all_sum/crossover.sh, the same
+// machine, link and day as latency_crossover_bytes(); load average about 6): the mesh's time over
+// the ring's,
+//
+//   bytes per rank   4K    16K   64K   128K  256K  512K  1M
+//   4 ranks          0.23  0.24  0.30  0.56  0.79  1.11  1.17
+//   5 ranks          0.30  0.20  0.43  0.43  0.36  0.56  0.98
+//   8 ranks          0.52  0.39  0.48  0.60  0.88  1.16  1.87
+//
+// The model: one hop and one vector per cable direction against the ring's 2(n-1) hops and
+// (n-1)/n of a vector, so the mesh wins below (2n - 3) n L B; measured lower (the sending CPU
+// copies n - 1 vectors: the emulator's sender does the transfer), so the table keeps 256 KiB.
+inline std::size_t mesh_crossover_bytes(int) { return 256 * 1024; }
+
 inline Algorithm Ring::choose(std::size_t bytes) const {
+  if (cfg_.algorithm == Algorithm::mesh && cfg_.size <= 3) return Algorithm::latency;  // one hop already
   if (cfg_.algorithm != Algorithm::automatic) return cfg_.algorithm;
+  if (fully_connected() && bytes <= std::min(latency_max_, mesh_crossover_bytes(cfg_.size))) return Algorithm::mesh;
   return bytes <= std::min(latency_max_, latency_crossover_bytes(cfg_.size)) ? Algorithm::latency : Algorithm::ring;
 }
 
 inline std::string Ring::algorithm_rule() const {
+  if (cfg_.algorithm == Algorithm::mesh && cfg_.size <= 3)
+    return "latency (--algorithm mesh: with 3 ranks or fewer every rank is a neighbour, one hop)";
   if (cfg_.algorithm != Algorithm::automatic)
     return std::string(algorithm_name(cfg_.algorithm)) + " (--algorithm " + algorithm_name(cfg_.algorithm) + ")";
+  if (fully_connected())
+    return "auto: mesh (every pair cabled: one hop) up to " +
+           std::to_string(std::min(latency_cap(cfg_.size), mesh_crossover_bytes(cfg_.size))) +
+           " bytes per rank, ring (reduce-scatter + all-gather, both directions) above (the crossover measured on "
+           "the paced emulator: algorithms.hpp)";
   return "auto: latency (floor(n/2) hops each way) up to " +
-         std::to_string(std::min(latency_max_, latency_crossover_bytes(cfg_.size))) +
-         " bytes per rank, ring (reduce-scatter + all-gather, both directions) above";
+         std::to_string(std::min(latency_cap(cfg_.size), latency_crossover_bytes(cfg_.size))) +
+         " bytes per rank, ring (reduce-scatter + all-gather, both directions) above (the crossover measured on "
+         "the paced emulator: algorithms.hpp)";
 }
 
 inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
@@ -207,12 +255,16 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   if (bytes > in_.size())
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
                             std::to_string(bytes) + " bytes exceed the ring's buffers of " + std::to_string(in_.size())));
-  switch (choose(bytes)) {
+  const Algorithm a = choose(bytes);
+  mesh_active_ = a == Algorithm::mesh;
+  if ((a == Algorithm::latency || a == Algorithm::mesh) && bytes > latency_max_)
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string("the ") + algorithm_name(a) + " algorithm takes sums of up to " +
+                                std::to_string(latency_max_) + " bytes per rank (its gather area), not " +
+                                std::to_string(bytes)));
+  switch (a) {
+  case Algorithm::mesh: return mesh_all_sum(count, t, in_place, before_start);
   case Algorithm::latency: {
-    if (bytes > latency_max_)
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                              "the latency algorithm takes sums of up to " + std::to_string(latency_max_) +
-                                  " bytes per rank (its gather area), not " + std::to_string(bytes)));
     LatencySchedule plan(*this, count, t, in_place);
     return pipeline(plan, before_start);
   }
@@ -363,7 +415,8 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
   unsigned idle = 0;
   constexpr std::size_t max_wait = 16;  // links wait_any sleeps on at once
   tbverbs::Link* sleepers[max_wait];
-  const std::size_t nsleep = std::min(links_.size(), max_wait);
+  const std::size_t ring_links = first_[2];  // the mesh links carry nothing here
+  const std::size_t nsleep = std::min(ring_links, max_wait);
   for (std::size_t i = 0; i < nsleep; ++i) sleepers[i] = &links_[i];
   auto handle = [&](std::size_t li, std::size_t got) -> Result<void> {
     const int side = refs_[li].side;
@@ -386,29 +439,9 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
   };
   for (;;) {
     bool progress = false;
-    if (idle > 16) {
-      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
-      // its core to the ranks that have work (the emulator runs them all on one host).
-      std::size_t which = 0;
-      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where_ = "waiting for completions of " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(which, *got); !h) return h;
-        progress = true;
-      }
-    }
-    for (std::size_t li = 0; li < links_.size(); ++li) {
-      auto got = links_[li].cq().poll(wc);
-      if (!got) {
-        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
-        return fail(got.error());
-      }
-      if (auto h = handle(li, *got); !h) return h;
-      if (*got > 0) progress = true;
-    }
+    // Posts first, polls after: an empty poll may nap in the provider (the emulator sleeps until
+    // its next completion is due), so what can be sent is sent before it (at the start of an
+    // all_sum that nap delayed the first sends by a whole link latency).
     for (int d = 0; d < 2; ++d) {
       const int o = 1 - d;  // the other direction shares the links: its receives are our credits
       // Receives: up to S ahead of what was consumed (scratch slots free again).
@@ -433,6 +466,29 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
         }
         progress = true;
       }
+    }
+    if (idle > 16) {
+      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
+      // its core to the ranks that have work (the emulator runs them all on one host).
+      std::size_t which = 0;
+      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
+      if (!got) {
+        where_ = "waiting for completions of " + describe_wait();
+        return fail(got.error());
+      }
+      if (*got > 0) {
+        if (auto h = handle(which, *got); !h) return h;
+        progress = true;
+      }
+    }
+    for (std::size_t li = 0; li < ring_links; ++li) {
+      auto got = links_[li].cq().poll(wc);
+      if (!got) {
+        where_ = "polling the CQ of link " + std::to_string(links_[li].id()) + " while waiting for " + describe_wait();
+        return fail(got.error());
+      }
+      if (auto h = handle(li, *got); !h) return h;
+      if (*got > 0) progress = true;
     }
     if (received[0] == T && received[1] == T && send_done[0] == T && send_done[1] == T) break;
 
@@ -459,6 +515,197 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
     }
   }
   plan.finish();
+  return {};
+}
+
+// The mesh all_sum (see the top of this file): per peer one link, on which both ends send their
+// vector in m pieces, with the ring's credits per link (piece j from the peer proves it posted its
+// receives up to j + window). Piece j of peer p lands in p's place of the gather area.
+inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place,
+                                       const std::function<Result<void>()>& before_start) {
+  using clock = std::chrono::steady_clock;
+  const int n = cfg_.size, me = cfg_.rank;
+  if (!fully_connected())
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            "the mesh all_sum needs a cable between every pair of ranks (4 ranks or more: a device "
+                            "toward every rank in the device file, or discovered cables to every rank)"));
+  const std::size_t es = dtype_size(t);
+  const std::size_t W = static_cast<std::size_t>(cfg_.window), S = slots_;
+  const std::size_t pe = std::max<std::size_t>(1, cfg_.message_bytes / es);
+  const std::size_t T = (count + pe - 1) / pe;  // pieces per link and direction
+  std::byte* const src = in_.data();
+  std::byte* const dst = in_place ? in_.data() : out_.data();
+  std::byte* const base = scratch_.data();
+  // The gather area: this rank's vector first, then peer p's at place 1 + (p < me ? p : p - 1).
+  auto area = [&](int p) { return gather_off_ + static_cast<std::size_t>(p == me ? 0 : 1 + (p < me ? p : p - 1)) * latency_max_; };
+
+  // One link per peer: the ring's first cable to each neighbour, a mesh link to every other rank.
+  struct Peer {
+    std::size_t li = 0;
+    int rank = 0;
+    std::size_t posted = 0, sent = 0, received = 0, send_done = 0;
+  };
+  constexpr std::size_t max_peers = 63;
+  Peer peers[max_peers];
+  std::size_t np = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    std::size_t li = 0;
+    if (p == left_) li = first_[0];
+    else if (p == right_) li = first_[1];
+    else
+      for (std::size_t c = 0; c < mesh_peer_.size(); ++c)
+        if (mesh_peer_[c] == p) li = first_[2] + c;
+    peers[np++] = Peer{li, p, 0, 0, 0, 0};
+  }
+  auto piece = [&](std::size_t j) {
+    const std::size_t b = j * pe;
+    return std::pair<std::size_t, std::size_t>{b * es, (std::min(count, b + pe) - b) * es};
+  };
+  auto post_recv = [&](Peer& q) -> Result<void> {
+    const auto [off, len] = piece(q.posted);
+    auto sge = refs_[q.li].port->scratch->sge(area(q.rank) + off, len);
+    if (!sge) return fail(sge.error());
+    if (auto r = links_[q.li].qp().recv(q.posted, *sge); !r) return fail(r.error());
+    ++q.posted;
+    return {};
+  };
+  auto post_send = [&](Peer& q) -> Result<void> {
+    const auto [off, len] = piece(q.sent);
+    auto sge = refs_[q.li].port->scratch->sge(area(me) + off, len);
+    if (!sge) return fail(sge.error());
+    if (auto r = links_[q.li].qp().send((std::uint64_t{1} << 40) | q.sent, *sge); !r) return fail(r.error());
+    ++q.sent;
+    ++sent_[q.li];
+    return {};
+  };
+
+  std::memcpy(base + area(me), src, count * es);
+  for (std::size_t k = 0; k < np; ++k)
+    while (peers[k].posted < std::min(T, S))
+      if (auto p = post_recv(peers[k]); !p) {
+        where_ = "posting the first receives of the mesh all_sum";
+        return p;
+      }
+  if (auto b = before_start(); !b) {
+    where_ = "the barrier before the all_sum";
+    return b;
+  }
+  auto describe_wait = [&]() {
+    std::string w;
+    for (std::size_t k = 0; k < np; ++k)
+      if (peers[k].received < T)
+        w += std::string(w.empty() ? "" : ", ") + "piece " + std::to_string(peers[k].received) + "/" + std::to_string(T) +
+             " from rank " + std::to_string(peers[k].rank) + " (mesh)";
+    return w;
+  };
+
+  tbverbs::WorkCompletion wc[32];
+  auto last_progress = clock::now();
+  auto last_check = last_progress;
+  unsigned idle = 0;
+  constexpr std::size_t max_wait = 16;
+  tbverbs::Link* sleepers[max_wait];
+  const std::size_t nsleep = std::min(np, max_wait);
+  for (std::size_t k = 0; k < nsleep; ++k) sleepers[k] = &links_[peers[k].li];
+  auto handle = [&](Peer& q, std::size_t got) -> Result<void> {
+    for (std::size_t i = 0; i < got; ++i) {
+      if (!wc[i].is_recv()) {
+        ++q.send_done;
+        continue;
+      }
+      const std::size_t j = q.received;
+      const std::size_t want = piece(j).second;
+      if (wc[i].wr_id() != j || wc[i].byte_len() != want)
+        return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
+                                "mesh piece from rank " + std::to_string(q.rank) + ": got message " +
+                                    std::to_string(wc[i].wr_id()) + " of " + std::to_string(wc[i].byte_len()) +
+                                    " bytes, expected message " + std::to_string(j) + " of " + std::to_string(want)));
+      ++q.received;
+      ++received_[q.li];
+    }
+    return {};
+  };
+  for (;;) {
+    bool progress = false;
+    // Posts first, polls after (see the ring's engine: an empty poll may nap in the provider).
+    for (std::size_t k = 0; k < np; ++k) {
+      Peer& q = peers[k];
+      while (q.posted < T && q.posted < q.received + S) {
+        if (auto p = post_recv(q); !p) {
+          where_ = "posting receives";
+          return p;
+        }
+        progress = true;
+      }
+      while (q.sent < T) {
+        const std::size_t j = q.sent;
+        if (j >= W && q.received < j - W + 1) break;     // credit: the peer posted for j
+        if (q.posted < std::min(T, j + W + 1)) break;    // our receives ahead of our send
+        if (q.sent - q.send_done >= S) break;            // send queue room
+        if (auto p = post_send(q); !p) {
+          where_ = "posting sends";
+          return p;
+        }
+        progress = true;
+      }
+    }
+    if (idle > 16) {
+      // Idle: sleep on the links' CQs (bounded), as the ring's engine does.
+      std::size_t which = 0;
+      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
+      if (!got) {
+        where_ = "waiting for completions of " + describe_wait();
+        return fail(got.error());
+      }
+      if (*got > 0) {
+        if (auto h = handle(peers[which], *got); !h) {
+          where_ = "receiving the mesh all_sum";
+          return h;
+        }
+        progress = true;
+      }
+    }
+    bool done = true;
+    for (std::size_t k = 0; k < np; ++k) {
+      Peer& q = peers[k];
+      auto got = links_[q.li].cq().poll(wc);
+      if (!got) {
+        where_ = "polling the CQ of link " + std::to_string(links_[q.li].id()) + " while waiting for " + describe_wait();
+        return fail(got.error());
+      }
+      if (auto h = handle(q, *got); !h) {
+        where_ = "receiving the mesh all_sum";
+        return h;
+      }
+      if (*got > 0) progress = true;
+      done = done && q.received == T && q.send_done == T;
+    }
+    if (done) break;
+    const auto now = clock::now();
+    if (progress) {
+      last_progress = now;
+      idle = 0;
+    } else {
+      ++idle;
+    }
+    if (now - last_check > std::chrono::milliseconds(20)) {
+      last_check = now;
+      if (auto alive = sc_.check_peers(); !alive) {
+        where_ = "the all_sum, waiting for " + describe_wait();
+        return fail(alive.error());
+      }
+    }
+    if (now - last_progress > cfg_.timeout) {
+      where_ = "the all_sum";
+      return fail(Error::make(Step::collective, ErrorKind::timeout,
+                              "no progress for " + std::to_string(cfg_.timeout.count()) + " ms waiting for " +
+                                  describe_wait()));
+    }
+  }
+  // Every vector is here: sum them in rank order (the same order on every rank).
+  add(t, dst, base + area(0), base + area(1), count);
+  for (int p = 2; p < n; ++p) add(t, dst, dst, base + area(p), count);
   return {};
 }
 

@@ -31,10 +31,13 @@ std::optional<int> parse_rank(const std::string& s) {
 }
 
 /// One rank's cables as a device file lists them: the job's rank count and the devices toward
-/// the left (rank - 1) and right (rank + 1) neighbours, in the cables' agreed order.
+/// the left (rank - 1) and right (rank + 1) neighbours, in the cables' agreed order; and, for the
+/// mesh all_sum of a fully connected job, the first device toward each other rank (`others[peer]`,
+/// empty for this rank, its neighbours, and ranks the file gives no cable to).
 struct DeviceFileCables {
   int ranks = 0;
   std::vector<std::string> left, right;
+  std::vector<std::string> others;
 };
 
 /// Parses a device file for `rank`: a JSON matrix whose [i][j] lists rank i's devices toward rank
@@ -126,6 +129,13 @@ inline std::optional<DeviceFileCables> parse_device_file(std::string_view text, 
     problem = "rank " + std::to_string(rank) + " needs devices toward ranks " + std::to_string(left) + " and " +
               std::to_string(right) + " (a ring)";
     return std::nullopt;
+  }
+  c.others.assign(static_cast<std::size_t>(n), std::string());
+  for (int p = 0; p < n; ++p) {
+    if (p == rank || p == left || p == right) continue;
+    auto e = entry(p);
+    if (!e) return std::nullopt;
+    if (!e->empty()) c.others[static_cast<std::size_t>(p)] = e->front();
   }
   return c;
 }

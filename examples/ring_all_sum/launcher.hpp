@@ -78,7 +78,12 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
       wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
                        "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
   nlohmann::json f = {{"profile", profile}, {"hosts", hosts}, {"cables", wires}};
-  if (link.paced()) f["link"] = {{"gbytes_per_s", link.gbytes_per_s}, {"latency_us", link.latency_us}};
+  if (link.paced()) {  // a key left out is not modelled (no bandwidth limit, or no latency)
+    nlohmann::json l = nlohmann::json::object();
+    if (link.gbytes_per_s > 0) l["gbytes_per_s"] = link.gbytes_per_s;
+    if (link.latency_us > 0) l["latency_us"] = link.latency_us;
+    f["link"] = l;
+  }
   if (!quirks.empty()) {
     nlohmann::json q = nlohmann::json::object();
     for (const auto& kv : quirks) {
@@ -88,6 +93,55 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
     f["quirks"] = q;
   }
   return f;
+}
+
+/// The device of host h toward host p on a fully connected fabric of n hosts: one per other host,
+/// numbered in host order (Thunderbolt's rdma_en1.., or mlx5_0..).
+inline std::string mesh_device_name(const std::string& profile, int h, int p) {
+  const int k = p < h ? p : p - 1;
+  if (profile == "thunderbolt") return "rdma_en" + std::to_string(k + 1);
+  return "mlx5_" + std::to_string(k);
+}
+
+/// A fully connected fabric of n hosts (a cable between every pair, as 2 to 4 Macs are often
+/// cabled): the cable between hosts a < b joins a's device toward b and b's toward a, with
+/// 10.{150 + c / 256}.{c mod 256}.1/30 and .2/30 (c = a n + b: one subnet per cable).
+inline nlohmann::json mesh_fabric(int n, const std::vector<std::string>& quirks = {},
+                                  const std::string& profile = "thunderbolt", const LinkModel& link = {}) {
+  nlohmann::json f = ring_fabric(n, 1, quirks, profile, link);
+  nlohmann::json hosts = nlohmann::json::array(), wires = nlohmann::json::array();
+  auto ip = [n](int a, int b, int end) {
+    const int c = a * n + b;
+    return "10." + std::to_string(150 + c / 256) + "." + std::to_string(c % 256) + "." + std::to_string(end) + "/30";
+  };
+  for (int h = 0; h < n; ++h) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (int p = 0; p < n; ++p) {
+      if (p == h) continue;
+      nlohmann::json port = {{"port", 1}};
+      if (profile != "rdma-core-ib") port["ipv4"] = ip(std::min(h, p), std::max(h, p), h < p ? 1 : 2);
+      devices.push_back({{"name", mesh_device_name(profile, h, p)}, {"ports", {port}}});
+    }
+    hosts.push_back({{"name", "host" + std::to_string(h)}, {"devices", devices}});
+  }
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      wires.push_back({"host" + std::to_string(a) + ":" + mesh_device_name(profile, a, b) + ":1",
+                       "host" + std::to_string(b) + ":" + mesh_device_name(profile, b, a) + ":1"});
+  f["hosts"] = hosts;
+  f["cables"] = wires;
+  return f;
+}
+
+/// Its JACCL-style device file: entry [i][j] is host i's device toward host j.
+inline nlohmann::json mesh_devices(int n, const std::string& profile = "thunderbolt") {
+  nlohmann::json m = nlohmann::json::array();
+  for (int i = 0; i < n; ++i) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int j = 0; j < n; ++j) row.push_back(i == j ? nlohmann::json(nullptr) : nlohmann::json(mesh_device_name(profile, i, j)));
+    m.push_back(row);
+  }
+  return m;
 }
 
 /// The JACCL-style device file of that ring: entry [i][j] lists rank i's devices toward rank j
@@ -137,6 +191,7 @@ struct LocalOptions {
   std::string profile = "thunderbolt";  // the emulator's profile of the generated fabric
   bool no_device_file = false;      // give the ranks no device file: they discover the cables
   LinkModel link;                   // pacing of every cable direction of the generated fabric
+  bool mesh = false;                // a fully connected fabric instead of a ring
 };
 
 struct RankProcess {
@@ -178,10 +233,14 @@ inline int run_local(const LocalOptions& o) {
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
-    std::ofstream(fabric) << ring_fabric(n, o.cables, o.quirks, o.profile, o.link).dump(2) << "\n";
+    std::ofstream(fabric) << (o.mesh ? mesh_fabric(n, o.quirks, o.profile, o.link)
+                                     : ring_fabric(n, o.cables, o.quirks, o.profile, o.link))
+                                 .dump(2)
+                          << "\n";
   }
   const std::string devices = o.no_device_file ? std::string("(none: discovered)") : (dir / "devices.json").string();
-  if (!o.no_device_file) std::ofstream(devices) << ring_devices(n, o.cables, o.profile).dump() << "\n";
+  if (!o.no_device_file)
+    std::ofstream(devices) << (o.mesh ? mesh_devices(n, o.profile) : ring_devices(n, o.cables, o.profile)).dump() << "\n";
   // An existing fabric file keeps its own quirks; --quirk reaches the ranks through the
   // emulator's environment variable instead.
   std::string quirk_env;
@@ -192,8 +251,9 @@ inline int run_local(const LocalOptions& o) {
   // another job that finds the same port is refused instead of joining.
   std::string job_id = "local-" + std::to_string(::getpid()) + "-" +
                        std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::printf("local ring of %d emulated hosts (profile %s, %d cable%s between neighbours%s%s): fabric %s, devices %s, coordinator %s\n",
-              n, o.fabric.empty() ? o.profile.c_str() : "of the fabric file", o.cables, o.cables == 1 ? "" : "s",
+  std::printf("local %s of %d emulated hosts (profile %s, %d cable%s between %s%s%s): fabric %s, devices %s, coordinator %s\n",
+              o.mesh ? "mesh" : "ring", n, o.fabric.empty() ? o.profile.c_str() : "of the fabric file", o.cables,
+              o.cables == 1 ? "" : "s", o.mesh ? "every pair" : "neighbours",
               quirk_env.empty() ? "" : ", quirks ", quirk_env.c_str(), fabric.c_str(), devices.c_str(), coordinator.c_str());
   if (o.link.paced()) {
     // The model the emulator plays, and what it allows: a ring all_sum keeps both directions of
@@ -201,9 +261,16 @@ inline int run_local(const LocalOptions& o) {
     if (!o.fabric.empty())
       std::printf("link model: --link-gbps/--link-latency-us ignored: the fabric file %s has its own\n", o.fabric.c_str());
     else
-      std::printf("link model: every cable direction paced at %g GB/s with %g us latency (a message of s bytes leaves "
-                  "s/B after the previous one on that direction and arrives L later); ideal ring busbw 2B = %g GB/s\n",
-                  o.link.gbytes_per_s, o.link.latency_us, 2 * o.link.gbytes_per_s);
+    {
+      char bw[48] = "unlimited", ideal[64] = "";
+      if (o.link.gbytes_per_s > 0) {
+        std::snprintf(bw, sizeof bw, "%g GB/s", o.link.gbytes_per_s);
+        std::snprintf(ideal, sizeof ideal, "; ideal ring busbw 2B = %g GB/s", 2 * o.link.gbytes_per_s);
+      }
+      std::printf("link model: every cable direction paced at B = %s, latency L = %g us (a message of s bytes leaves "
+                  "s/B after the previous one on that direction and arrives L later)%s\n",
+                  bw, o.link.latency_us, ideal);
+    }
   }
   std::fflush(stdout);
 
@@ -263,6 +330,13 @@ inline int run_local(const LocalOptions& o) {
   struct sigaction old_int {}, old_term {};
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
+  // A reader that goes away (`ring_all_sum --local 4 | head`) must not kill the launcher with
+  // SIGPIPE before it has waited for its ranks and removed its state (it left /tmp and /dev/shm
+  // directories behind): writes to the closed stdout fail instead, and the run goes on.
+  struct sigaction ign {}, old_pipe {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGPIPE, &ign, &old_pipe);
   auto flush_line = [&](int i, const std::string& line) {
     std::printf("[rank %d] %s\n", i, line.c_str());
     std::fflush(stdout);
@@ -391,6 +465,7 @@ inline int run_local(const LocalOptions& o) {
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
   if (g_launcher_signal != 0) return 128 + g_launcher_signal;
   return failed == 0 ? 0 : 1;
 }

@@ -203,6 +203,7 @@ struct Options {
   std::vector<std::string> quirks;
   std::string profile = "thunderbolt";
   int cables = 1;
+  bool mesh = false;
   int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
 };
 
@@ -274,6 +275,7 @@ int run_rank(const Options& o) {
   cfg.size = n;
   cfg.left_devices = cables->left;
   cfg.right_devices = cables->right;
+  cfg.mesh_devices = cables->others;
   }
   cfg.rank = rank;
   cfg.size = n;
@@ -293,7 +295,8 @@ int run_rank(const Options& o) {
   if (o.algorithm == "auto") cfg.algorithm = ring::Algorithm::automatic;
   else if (o.algorithm == "ring") cfg.algorithm = ring::Algorithm::ring;
   else if (o.algorithm == "latency") cfg.algorithm = ring::Algorithm::latency;
-  else return config_error("--algorithm must be auto, ring or latency");
+  else if (o.algorithm == "mesh") cfg.algorithm = ring::Algorithm::mesh;
+  else return config_error("--algorithm must be auto, ring, latency or mesh");
   cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
   cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
   cfg.log = [&, rank](const std::string& s) {
@@ -413,7 +416,28 @@ int run_rank(const Options& o) {
     } else {
       cfg.right_devices = mine(right);
       cfg.left_devices = mine(left);
+      // A fully connected job: the first cable to every other rank, for the mesh all_sum.
+      cfg.mesh_devices.assign(static_cast<std::size_t>(n), std::string());
+      for (int p = 0; p < n; ++p)
+        if (p != rank && p != left && p != right)
+          if (const auto c = topo->between(rank, p); !c.empty())
+            cfg.mesh_devices[static_cast<std::size_t>(p)] = topo->end(c.front(), rank).device;
     }
+  }
+  if (cfg.algorithm == ring::Algorithm::mesh && n >= 4) {
+    int missing = 0;
+    for (int p = 0; p < n; ++p) {
+      const int pos = static_cast<int>(std::find(cfg.order.begin(), cfg.order.end(), rank) - cfg.order.begin());
+      const bool neighbour = cfg.order.empty() ? (p == (rank + 1) % n || p == (rank + n - 1) % n)
+                                               : (p == cfg.order[static_cast<std::size_t>((pos + 1) % n)] ||
+                                                  p == cfg.order[static_cast<std::size_t>((pos + n - 1) % n)]);
+      if (p != rank && !neighbour && (static_cast<std::size_t>(p) >= cfg.mesh_devices.size() || cfg.mesh_devices[static_cast<std::size_t>(p)].empty()))
+        ++missing;
+    }
+    if (missing > 0)
+      return config_error("--algorithm mesh needs a cable between every pair of ranks: rank " + std::to_string(rank) +
+                          " has none toward " + std::to_string(missing) + " rank(s) (a fully connected device file, "
+                          "or --local N --mesh)");
   }
   auto ringp = ring::Ring::create(*lib, *sc, cfg, max_bytes);
   if (!ringp) {
@@ -539,7 +563,7 @@ int run_rank(const Options& o) {
       if (rank == 0) std::fflush(stdout);
     }
   if (rank == 0 && !o.csv) {
-    std::printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total, wrong_total == 0 ? "OK" : "WRONG");
+    std::printf("# Wrong elements       : %" PRIu64 " %s\n", wrong_total, wrong_total == 0 ? "OK" : "WRONG");
     std::printf("# Avg bus bandwidth    : %.3f GB/s (mean of the %d runs above)\n#\n",
                 busbw_runs > 0 ? busbw_sum / busbw_runs : 0.0, busbw_runs);
     std::fflush(stdout);
@@ -580,8 +604,9 @@ int main(int argc, char** argv) {
                  "SEND/RECV on Thunderbolt); auto takes the one measured faster on the emulator")
       ->capture_default_str();
   app.add_option("--algorithm", o.algorithm,
-                 "auto, ring (reduce-scatter + all-gather, both directions) or latency (every vector floor(n/2) hops "
-                 "both ways, summed locally); auto takes latency up to the measured crossover")
+                 "auto, ring (reduce-scatter + all-gather, both directions), latency (every vector floor(n/2) hops "
+                 "both ways, summed locally) or mesh (every vector straight to every rank: a fully connected job); "
+                 "auto takes mesh (fully connected) or latency up to the measured crossover, ring above")
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
   app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
@@ -602,6 +627,9 @@ int main(int argc, char** argv) {
   app.add_option("--quirk", o.quirks,
                  "--local: play a contested reading of Apple's driver, NAME=VALUE (repeatable; see docs/emulator.md), "
                  "e.g. empty_rq=drop, macos=26.2, mr_access=remote_required, completion_channels=on");
+  app.add_flag("--mesh", o.mesh,
+               "--local: a fully connected fabric (a cable between every pair of hosts) instead of a ring; the ring "
+               "runs on it, and the mesh all_sum");
   app.add_option("--cables", o.cables, "--local: cables between neighbours (each one carries traffic)")
       ->capture_default_str();
   app.add_option("--link-gbps", o.link_gbps,
@@ -619,6 +647,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (o.local > 0) {
+    if (o.mesh && o.cables != 1) {
+      std::fprintf(stderr, "--mesh has one cable between every pair of hosts: no --cables\n");
+      return 2;
+    }
     if (o.cables < 1 || o.cables > 16) {
       std::fprintf(stderr, "--cables must be 1..16\n");
       return 2;
@@ -629,7 +661,10 @@ int main(int argc, char** argv) {
     }
     const ring::LinkModel link{o.link_gbps, o.link_latency_us};
     if (!o.write_fabric.empty()) {
-      std::ofstream(o.write_fabric) << ring::ring_fabric(o.local, o.cables, o.quirks, o.profile, link).dump(2) << "\n";
+      std::ofstream(o.write_fabric) << (o.mesh ? ring::mesh_fabric(o.local, o.quirks, o.profile, link)
+                                               : ring::ring_fabric(o.local, o.cables, o.quirks, o.profile, link))
+                                            .dump(2)
+                                     << "\n";
       std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
       return 0;
     }
@@ -654,6 +689,7 @@ int main(int argc, char** argv) {
     lo.profile = o.profile;
     lo.no_device_file = o.no_device_file;
     lo.link = link;
+    lo.mesh = o.mesh;
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -665,7 +701,7 @@ int main(int argc, char** argv) {
         ++i;
         continue;
       }
-      if (a == "--keep" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
+      if (a == "--keep" || a == "--mesh" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
           a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
           a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0 || a.rfind("--profile=", 0) == 0 ||
           a.rfind("--link-gbps=", 0) == 0 || a.rfind("--link-latency-us=", 0) == 0)

@@ -70,14 +70,16 @@ struct TransportMeasurement {
 };
 inline constexpr TransportMeasurement measured_on_emulator{2.43, 2.42};
 
-/// Which all_sum algorithm runs (algorithms.hpp): `automatic` takes the latency-optimal one up to the
-/// measured crossover and the bandwidth-optimal ring above it.
-enum class Algorithm { automatic, ring, latency };
+/// Which all_sum algorithm runs (algorithms.hpp): `automatic` takes the one-hop mesh on a fully
+/// connected job, else the latency-optimal one, up to the measured crossover, and the
+/// bandwidth-optimal ring above it.
+enum class Algorithm { automatic, ring, latency, mesh };
 inline const char* algorithm_name(Algorithm a) {
   switch (a) {
   case Algorithm::automatic: return "auto";
   case Algorithm::ring: return "ring";
   case Algorithm::latency: return "latency";
+  case Algorithm::mesh: return "mesh";
   }
   return "?";
 }
@@ -85,6 +87,12 @@ inline const char* algorithm_name(Algorithm a) {
 /// The latency algorithm's largest sum, and the most scratch its gather area takes (see allocate()).
 inline constexpr std::size_t kLatencyMaxBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kGatherMaxBytes = std::size_t{16} << 20;
+/// The latency algorithm's largest sum on a ring of n ranks: its gather area holds 1 + 2 floor(n/2)
+/// vectors, at most kLatencyMaxBytes each and kGatherMaxBytes in all, whole 4 KiB frames.
+inline std::size_t latency_cap(int n) {
+  const std::size_t vectors = 1 + 2 * static_cast<std::size_t>(n / 2);
+  return std::max<std::size_t>(4096, std::min(kLatencyMaxBytes, kGatherMaxBytes / vectors) / 4096 * 4096);
+}
 
 /// How the ring is set up.
 struct Config {
@@ -96,6 +104,9 @@ struct Config {
   std::vector<int> order;
   std::vector<std::string> left_devices;   // one device per cable to the left neighbour, in the cables' agreed order
   std::vector<std::string> right_devices;  // one device per cable to the right neighbour
+  // A fully connected job (the mesh all_sum): per rank, the device toward each rank that is not a
+  // ring neighbour ("" for this rank and the neighbours). Empty, or any "" left: no mesh.
+  std::vector<std::string> mesh_devices;
   std::size_t message_bytes = 256 * 1024;  // largest message (a whole number of 4 KiB frames)
   int window = 8;                          // messages in flight per direction
   Memory memory = Memory::automatic;
@@ -135,7 +146,8 @@ struct Port {
   std::optional<tbverbs::ProtectionDomain> pd;
   std::optional<tbverbs::GidSelection> gid;
   tbverbs::DeviceAttributes device;
-  int links = 0;  // links on this device
+  int links = 0;       // links on this device
+  int ring_links = 0;  // of which the ring's (the others are mesh links: scratch only, no user buffers)
   std::optional<tbverbs::MemoryRegionSet> in, out, scratch;
 };
 
@@ -171,19 +183,26 @@ public:
   bool staged() const { return staged_; }
   /// True when messages travel as RDMA WRITE with immediate (else SEND/RECV).
   bool writes() const { return write_; }
-  /// "Receives posted" with the two neighbours only (tbverbs::receives_posted on every link): what
-  /// all_sum's `before_start` needs between back-to-back all_sums, since a rank only ever sends to
-  /// its neighbours. A global barrier works too, but costs two hops through rank 0.
+  /// "Receives posted" with the peers the all_sum sends to (tbverbs::receives_posted on their
+  /// links): the two neighbours, or every rank for the mesh all_sum. What all_sum's
+  /// `before_start` needs between back-to-back all_sums. A global barrier works too, but costs two
+  /// hops through rank 0.
   Result<void> neighbours_posted() {
     ++epoch_;
-    return tbverbs::receives_posted(mailbox_, links_, epoch_, std::chrono::steady_clock::now() + cfg_.timeout);
+    const auto links = std::span(links_).first(mesh_active_ ? links_.size() : first_[2]);
+    return tbverbs::receives_posted(mailbox_, links, epoch_, std::chrono::steady_clock::now() + cfg_.timeout);
+  }
+  /// True when every pair of ranks is cabled (the mesh all_sum can run): 4 ranks or more, with a
+  /// link to each rank that is not a neighbour.
+  bool fully_connected() const {
+    return cfg_.size >= 4 && cables_[2].size() == static_cast<std::size_t>(cfg_.size - 3);
   }
   /// One line per link: its side, cable, device and how many messages it carried each way since
   /// set-up (every listed cable must carry traffic).
   std::vector<std::string> traffic() const {
     std::vector<std::string> out;
     for (std::size_t i = 0; i < links_.size(); ++i)
-      out.push_back(std::string(refs_[i].side == 0 ? "left" : "right") + " cable " + std::to_string(refs_[i].cable) +
+      out.push_back(std::string(side_name(refs_[i].side)) + " cable " + std::to_string(refs_[i].cable) +
                     " (" + refs_[i].port->name + ", link " + std::to_string(links_[i].id()) + "): " +
                     std::to_string(sent_[i]) + " messages sent, " + std::to_string(received_[i]) + " received");
     return out;
@@ -225,11 +244,13 @@ private:
 
   // The engine every algorithm runs on (algorithms.hpp), and the algorithms' schedules.
   template <class Schedule> Result<void> pipeline(Schedule& plan, const std::function<Result<void>()>& before_start);
+  Result<void> mesh_all_sum(std::size_t count, DType t, bool in_place, const std::function<Result<void>()>& before_start);
   friend struct RingSchedule;
   friend struct LatencySchedule;
 
-  // Where link i of the flat list sits: its side (0 left, 1 right), its cable index on that side,
-  // and its device.
+  // Where link i of the flat list sits: its side (0 left, 1 right, 2 mesh: a link to a rank that
+  // is not a neighbour), its cable index on that side, and its device.
+  static const char* side_name(int side) { return side == 0 ? "left" : side == 1 ? "right" : "mesh"; }
   struct LinkRef {
     int side = 0;
     std::size_t cable = 0;
@@ -240,11 +261,13 @@ private:
   tbverbs::LinkMailbox mailbox_;
   Config cfg_;
   std::vector<std::unique_ptr<Port>> ports_;  // one per distinct device
-  std::vector<Port*> cables_[2];              // per side, the device of each cable
-  std::vector<tbverbs::Link> links_;          // every link: the left cables', then the right ones'
+  std::vector<Port*> cables_[3];              // per side, the device of each cable
+  std::vector<int> mesh_peer_;                // the rank each mesh cable (side 2) leads to
+  std::vector<tbverbs::Link> links_;          // every link: the left cables', the right ones', the mesh ones
   std::vector<LinkRef> refs_;                 // parallel to links_
   std::vector<std::uint64_t> sent_, received_; // messages per link, parallel to links_
-  std::size_t first_[2] = {0, 0};             // index in links_ of each side's first link
+  std::size_t first_[3] = {0, 0, 0};          // index in links_ of each side's first link
+  bool mesh_active_ = false;                  // the all_sum under way is the mesh one (all peers)
   Buffer in_, out_, scratch_;
   bool staged_ = false;
   bool write_ = false;               // RDMA WRITE with immediate instead of SEND/RECV
@@ -267,9 +290,15 @@ inline void say(const Config& c, const std::string& s) {
 }
 
 inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
-  const char* side_name[2] = {"left", "right"};
-  for (int s = 0; s < 2; ++s) {
-    const auto& names = s == 0 ? cfg_.left_devices : cfg_.right_devices;
+  std::vector<std::string> mesh_names;
+  for (std::size_t p = 0; p < cfg_.mesh_devices.size(); ++p)
+    if (!cfg_.mesh_devices[p].empty() && static_cast<int>(p) != cfg_.rank && static_cast<int>(p) != left_ &&
+        static_cast<int>(p) != right_) {
+      mesh_names.push_back(cfg_.mesh_devices[p]);
+      mesh_peer_.push_back(static_cast<int>(p));
+    }
+  for (int s = 0; s < 3; ++s) {
+    const auto& names = s == 0 ? cfg_.left_devices : s == 1 ? cfg_.right_devices : mesh_names;
     for (const std::string& name : names) {
       Port* found = nullptr;
       for (auto& p : ports_)
@@ -306,14 +335,15 @@ inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
         ports_.push_back(std::move(p));
       }
       ++found->links;
+      if (s < 2) ++found->ring_links;
       cables_[s].push_back(found);
     }
   }
-  for (int s = 0; s < 2; ++s) {
-    const int peer = s == 0 ? left_ : right_;
+  for (int s = 0; s < 3; ++s) {
     for (std::size_t c = 0; c < cables_[s].size(); ++c) {
+      const int peer = s == 0 ? left_ : s == 1 ? right_ : mesh_peer_[c];
       const auto& g = *cables_[s][c]->gid;
-      say(cfg_, std::string(side_name[s]) + " cable " + std::to_string(c) + " to rank " + std::to_string(peer) + ": " +
+      say(cfg_, std::string(side_name(s)) + " cable " + std::to_string(c) + " to rank " + std::to_string(peer) + ": " +
                     cables_[s][c]->name + " port " + std::to_string(g.port()) + " " + g.describe() + " (" +
                     std::string(g.reason()) + ")");
     }
@@ -427,8 +457,8 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   // sum: at most 1 MiB each and 16 MiB in all, so that it stays a few regions at any ring size
   // (that algorithm only wins for small sums: algorithms.hpp).
   const std::size_t vectors = 1 + 2 * static_cast<std::size_t>(cfg_.size / 2);
-  latency_max_ = std::min({max_bytes, kLatencyMaxBytes, kGatherMaxBytes / vectors});
-  latency_max_ = std::max(tbverbs::frame_bytes, (latency_max_ + tbverbs::frame_bytes - 1) / tbverbs::frame_bytes * tbverbs::frame_bytes);
+  latency_max_ = std::min(latency_cap(cfg_.size),
+                          (max_bytes + tbverbs::frame_bytes - 1) / tbverbs::frame_bytes * tbverbs::frame_bytes);
   gather_off_ = 2 * slots_ * slot_bytes_;
   send_slots_off_ = gather_off_ + vectors * latency_max_;
   auto scratch_bytes = [&](bool staged) { return send_slots_off_ + (staged ? 2 * slots_ * slot_bytes_ : 0) + 4096; };
@@ -437,7 +467,8 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
   // the device's max_mr less what is registered already and one region per link's warm-up.
   auto regions = [&](const Port& p, bool staged) -> Result<std::size_t> {
     std::size_t total = 0;
-    const std::size_t sizes[3] = {staged ? 0 : in_.size(), staged ? 0 : out_.size(), scratch_bytes(staged)};
+    const bool user = !staged && p.ring_links > 0;  // mesh-only devices move scratch only
+    const std::size_t sizes[3] = {user ? in_.size() : 0, user ? out_.size() : 0, scratch_bytes(staged)};
     for (std::size_t b : sizes) {
       if (b == 0) continue;
       auto plan = tbverbs::RegionPlan::make(b, p.device.max_mr_size, slot_bytes_);
@@ -470,7 +501,7 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
     shape.links = p->links;
     shape.message_bytes = slot_bytes_;
     shape.window = cfg_.window;
-    if (!staged_) shape.buffers = {in_.size(), out_.size()};
+    if (!staged_ && p->ring_links > 0) shape.buffers = {in_.size(), out_.size()};
     shape.buffers.push_back(scratch_bytes(staged_));
     auto limits = tbverbs::DeviceLimits::of(*p->context);
     if (!limits) return fail(limits.error());
@@ -509,7 +540,7 @@ inline Result<void> Ring::allocate(std::size_t max_bytes) {
       return {};
     };
     const auto t0 = std::chrono::steady_clock::now();
-    if (!staged_) {
+    if (!staged_ && p->ring_links > 0) {
       if (auto s = reg(p->in, in_); !s) return s;
       if (auto s = reg(p->out, out_); !s) return s;
     }
@@ -556,6 +587,21 @@ inline Result<void> Ring::connect() {
       refs_.push_back({s, c, &p});
     }
   }
+  // Mesh links: ids above the ring's (positions x 64 + cable < 4096), from the two ranks.
+  first_[2] = specs.size();
+  for (std::size_t c = 0; c < cables_[2].size(); ++c) {
+    Port& p = *cables_[2][c];
+    tbverbs::LinkSpec spec;
+    spec.peer = mesh_peer_[c];
+    spec.id = 4096u + static_cast<std::uint32_t>(std::min(cfg_.rank, spec.peer)) * 64u +
+              static_cast<std::uint32_t>(std::max(cfg_.rank, spec.peer));
+    spec.context = &*p.context;
+    spec.pd = &*p.pd;
+    spec.recipe.emplace(tbverbs::QpRecipe::for_platform(p.context->platform(), *p.gid));
+    spec.recipe->capacities({depth, depth, 1, 1, 0});
+    specs.push_back(std::move(spec));
+    refs_.push_back({2, c, &p});
+  }
   tbverbs::LinkOptions opt;
   opt.warmup_bytes = cfg_.message_bytes;
   opt.timeout = cfg_.timeout;
@@ -575,7 +621,7 @@ inline Result<void> Ring::connect() {
   std::uint32_t granted = tbverbs::max_depth_frames;
   for (std::size_t i = 0; i < links_.size(); ++i) {
     const tbverbs::Link& l = links_[i];
-    say(cfg_, std::string(refs_[i].side == 0 ? "left" : "right") + " link " + std::to_string(l.id()) + " to rank " +
+    say(cfg_, std::string(side_name(refs_[i].side)) + " link " + std::to_string(l.id()) + " to rank " +
                   std::to_string(l.peer()) + " verified (messages of up to " + std::to_string(l.max_message_bytes()) +
                   " bytes both ways, round " + std::to_string(l.attempts()) + ")");
     confirmed = std::min(confirmed, l.max_message_bytes());
@@ -631,7 +677,7 @@ inline Result<void> Ring::exchange_targets() {
     if (r)
       for (const auto& mr : r->regions()) put64(mr.rkey());
   };
-  for (std::size_t i = 0; i < links_.size(); ++i) {
+  for (std::size_t i = 0; i < first_[2]; ++i) {  // the ring's links (the mesh sends)
     const Port& p = *refs_[i].port;
     put64(static_cast<std::uint64_t>(refs_[i].side));
     put64(refs_[i].cable);
@@ -646,7 +692,7 @@ inline Result<void> Ring::exchange_targets() {
   if (!all) return fail(all.error());
   auto malformed = [] { return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed RDMA WRITE targets")); };
   peer_.assign(links_.size(), PeerTargets{});
-  for (std::size_t i = 0; i < links_.size(); ++i) {
+  for (std::size_t i = 0; i < first_[2]; ++i) {  // the ring's links (the mesh sends)
     const int side = refs_[i].side;
     const auto& theirs = (*all)[static_cast<std::size_t>(side == 0 ? left_ : right_)];
     std::size_t at = 0;

@@ -170,6 +170,8 @@ struct Error {
     return *this;
   }
 
+  /// The `<cerrno>` name of `sys_errno` ("ENODATA"), empty when there is none or it has no name.
+  std::string_view errno_name() const noexcept { return sys_errno != 0 ? detail::errno_name(sys_errno) : std::string_view(); }
   /// True when the error is `errno_value` (compare with \<cerrno\> names, never with numbers).
   bool is(int errno_value) const noexcept { return sys_errno == errno_value; }
   /// True when the error is of `k`.

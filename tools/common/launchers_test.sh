@@ -42,7 +42,7 @@ two_ranks() {
 ring_two_ranks() {
   two_ranks "$RING" "$@" --size 1M --iters 1 --timeout 20000
   expect "^rank 0: ring order 0 -> 1 -> 0 \(discovered, no device file\)"
-  expect "# Out of bounds values : 0 OK"
+  expect "# Wrong elements       : 0 OK"
   expect_not "MISMATCH|FAILED"
 }
 # refuse "REGEX" VARS [args...]: one ring process with VARS must exit non-zero saying REGEX.

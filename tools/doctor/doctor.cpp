@@ -50,19 +50,23 @@ struct Finding {
   std::string detail;  // what was found
   std::string cause;   // for a problem: why, from the catalogue
   std::string remedy;  // for a problem: what to do
+  std::string diagnosis; // for a problem: the catalogue entry's id ("no-ipv4-gid-macos"), "" when none
+  std::string errno_name; // for a problem: the errno by its <cerrno> name ("ENOMEM"), "" when none
+  int errno_value = 0;    // ... and its number on this platform (0 when none)
 };
 
 std::string first_line(const std::string& m) { return m.substr(0, m.find('\n')); }
 
 struct Report {
   std::vector<Finding> findings;
-  void pass(std::string check, std::string detail) { findings.push_back({std::move(check), true, std::move(detail), {}, {}}); }
+  void pass(std::string check, std::string detail) { findings.push_back({std::move(check), true, std::move(detail), {}, {}, {}, {}, 0}); }
   void problem(std::string check, const Error& e) {
-    Finding f{std::move(check), false, e.message(), {}, {}};
+    Finding f{std::move(check), false, e.message(), {}, {}, {}, std::string(e.errno_name()), e.sys_errno};
     // message() already carries cause and remedy; keep them apart too for --json readers.
     if (const Diagnosis* d = e.diagnosis()) {
       f.cause = d->cause;
       f.remedy = d->remedy;
+      f.diagnosis = d->id;
       f.detail = f.detail.substr(0, f.detail.find("\n  cause:"));
     }
     findings.push_back(std::move(f));
@@ -118,7 +122,7 @@ void check_budget_of(Report& report, const Context& ctx, const std::string& dev,
                            std::to_string(shape.links) + " link(s) on this device)";
   const auto sf = shortfalls(*needs, *limits);
   if (sf.empty()) return report.pass(what, budget_summary(*needs, *limits));
-  Finding f{what, false, {}, {}, {}};
+  Finding f{what, false, {}, {}, {}, {}, {}, 0};
   for (std::size_t i = 0; i < sf.size(); ++i) f.detail += (i ? "; " : "") + sf[i].to_string();
   f.cause = "the job needs more of this device than it allows, so it would fail at the verb that runs out "
             "(create_qp EBUSY at the 11th QP on Apple, reg_mr at about the 100th region)";
@@ -276,8 +280,18 @@ int main(int argc, char** argv) {
     j["system"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
     j["healthy"] = report.healthy();
     j["findings"] = json::array();
+    // diagnosis (the catalogue id) and errno (its <cerrno> name; errno_value the number here) are
+    // fields of their own, so a bug report can be matched without parsing the detail text; null
+    // where a finding has none.
+    auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
     for (const auto& f : report.findings)
-      j["findings"].push_back({{"check", f.check}, {"ok", f.ok}, {"detail", f.detail}, {"cause", f.cause},
+      j["findings"].push_back({{"check", f.check},
+                               {"ok", f.ok},
+                               {"detail", f.detail},
+                               {"diagnosis", or_null(f.diagnosis)},
+                               {"errno", or_null(f.errno_name)},
+                               {"errno_value", f.errno_value != 0 ? json(f.errno_value) : json(nullptr)},
+                               {"cause", f.cause},
                                {"remedy", f.remedy}});
     std::puts(j.dump(2).c_str());
   } else {

@@ -29,7 +29,7 @@ verified() {
   bad=$(echo "$rows" | awk 'NF != 13 || ($9 != "0" && $9 != "-") || ($13 != "0" && $13 != "-")')
   [ -z "$bad" ] || fail "result rows malformed or with wrong elements: $bad"
   expect "# all_sum over $N ranks; "
-  expect "# Out of bounds values : 0 OK"
+  expect "# Wrong elements       : 0 OK"
 }
 
 case "$CASE" in
