@@ -39,7 +39,10 @@ for n in "${names[@]}"; do
   # A harness may name more sources and include directories (relative to the repository) in
   # "// fuzz-sources:" and "// fuzz-includes:" lines, e.g. the emulator's loader.
   extra=()
-  for f in $(sed -nE 's|^// fuzz-sources: (.*)|\1|p' "$src"); do extra+=("$root/$f"); done
+  # Patterns are expanded under the repository (emulator/src/*.cpp: every source the library has).
+  for f in $(set -f; sed -nE 's|^// fuzz-sources: (.*)|\1|p' "$src"); do
+    for g in "$root"/$f; do extra+=("$g"); done
+  done
   for d in $(sed -nE 's|^// fuzz-includes: (.*)|\1|p' "$src"); do extra+=(-I "$root/$d"); done
   if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
       -I "$root/include" "${extra[@]}" "$src" -o "$bin" -lpthread >"$work/$n.build.log" 2>&1; then

@@ -463,11 +463,13 @@ public:
                                 "commas, e.g. mlx5_0:3,mlx5_1:1:5)");
       return fail(e.on(device_.view(), port_).from(platform_));
     };
+    // Negative numbers parse: at_index() then says they are outside the table.
     auto number = [](std::string_view t, int& out) {
       auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
-      return ec == std::errc() && p == t.data() + t.size() && out >= 0;
+      return ec == std::errc() && p == t.data() + t.size();
     };
     int index = -1;
+    bool listed = false;
     if (all.find(':') == std::string_view::npos) {
       if (!number(all, index)) return malformed("is not a number");
     } else {
@@ -483,9 +485,12 @@ public:
         if (!number(item.substr(c2 + 1), value)) return malformed("has an entry whose index is not a number");
         if (c2 != c1 && (!number(item.substr(c1 + 1, c2 - c1 - 1), port) || port < 1 || port > 255))
           return malformed("has an entry whose port is not a number from 1 to 255");
-        if (item.substr(0, c1) == device_.view() && (port < 0 || port == port_) && index < 0) index = value;
+        if (item.substr(0, c1) == device_.view() && (port < 0 || port == port_) && !listed) {
+          index = value;
+          listed = true;
+        }
       }
-      if (index < 0) return std::optional<GidSelection>{}; // this device (and port) is not listed
+      if (!listed) return std::optional<GidSelection>{}; // this device (and port) is not listed
     }
     auto chosen = at_index(index);
     if (!chosen) return fail(chosen.error());

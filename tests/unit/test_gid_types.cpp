@@ -503,7 +503,7 @@ TEST_CASE("finding 12 (issue 8): TBVERBS_GID_INDEX names devices, never silently
     }
   }
   SECTION("malformed values name the syntax") {
-    for (const char* bad : {"two", "-1", "mlx5_0:", ":3", "mlx5_0:x", "mlx5_0:0:3", "mlx5_0:1:3,", "3,4"}) {
+    for (const char* bad : {"two", "-1", "mlx5_0:-2", "mlx5_0:", ":3", "mlx5_0:x", "mlx5_0:0:3", "mlx5_0:1:3,", "3,4"}) {
       Env a("TBVERBS_GID_INDEX", bad);
       auto s = t.select();
       INFO(bad);
