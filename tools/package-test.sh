@@ -76,9 +76,11 @@ done
 for link in libibverbs.so.1 librdma.dylib; do
   [ "$(readlink "$emu/$link")" = libtbverbs_emu.so ] || fail "$emu/$link is not a link to libtbverbs_emu.so"
 done
-# Nothing may shadow rdma-core: no libibverbs anywhere on the loader's path.
-if find "$u" -name 'libibverbs.so*' -not -path "$emu/*" | grep .; then
-  fail "a libibverbs.so outside the private directory (it would shadow rdma-core)"
+# Nothing may shadow rdma-core: none of the emulator's stand-ins for rdma-core's libraries
+# (libibverbs, librdmacm, the provider libraries) anywhere on the loader's path.
+if find "$u" \( -name 'libibverbs.so*' -o -name 'librdmacm.so*' -o -name 'libmlx5.so*' -o -name 'libefa.so*' \) \
+     -not -path "$emu/*" | grep .; then
+  fail "an rdma-core library name outside the private directory (it would shadow rdma-core)"
 fi
 if dpkg-deb -c "$tools" | grep -q ' \./DEBIAN/shlibs' || dpkg-deb -I "$tools" shlibs >/dev/null 2>&1; then
   fail "tbverbs-tools offers a shlibs file (it would offer libibverbs.so.1 to other packages)"
