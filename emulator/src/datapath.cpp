@@ -56,11 +56,14 @@ constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 // Longest nap while a paced completion is pending: it ends at that completion's due time anyway;
 // the bound keeps a waiting thread coming back to its caller (liveness checks, deadlines).
 constexpr int64_t kPacedNapNs = 10 * 1000 * 1000;
-// When this thread's current run of empty polls began (0: its last verbs call got a completion
-// or posted work). emu_poll_cq naps only after spin_ns() of such a run: a thread that comes back
-// from elsewhere (a side-channel barrier, its own work) to an empty CQ is likely about to post,
-// and its first poll must not nap (it did, for 200 us, after every barrier of a ring).
-thread_local int64_t t_empty_since_ns = 0;
+// emu_poll_cq naps once this thread has polled in vain for spin_ns() since t_spin_from_ns: its
+// last post or completion, or, when it comes back to an empty CQ after more than spin_ns() away
+// from the verbs (t_last_call_ns: a side-channel barrier, its own work), that return, since it is
+// then probably about to post (counted from its last post, a ring rank napped 200 us on its first
+// poll after every barrier). Counting from the last post otherwise matters too: spinning longer
+// than that took the CPU from the peer and cost a 4 KiB ping-pong a fifth of its speed.
+thread_local int64_t t_spin_from_ns = 0;
+thread_local int64_t t_last_call_ns = 0;
 
 std::mutex g_pending_mu;
 std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
@@ -147,6 +150,8 @@ ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     default: return IBV_WC_SEND;
   }
 }
@@ -458,6 +463,67 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
   return Tx::Done;
 }
 
+inline bool is_atomic(ibv_wr_opcode op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
+
+// An RDMA atomic (RC on the profiles with atomic_cap HCA; refused at post elsewhere): 8 bytes at
+// an 8-aligned remote address, the original value written to the one local SGE of 8 bytes (IB
+// spec). A misaligned address is the responder's Invalid Request NAK (REM_INV_REQ_ERR); a bad
+// rkey, a range outside the region or a region or QP without REMOTE_ATOMIC is REM_ACCESS_ERR.
+// The read-modify-write runs under the fabric's atomics lock, so the emulated atomics of every
+// process are atomic with respect to one another, not to the target CPU's own stores (as
+// IBV_ATOMIC_HCA promises; our assumption, docs/emulator.md). The value is the target's native
+// 64-bit integer (our assumption: hosts of one emulated fabric share the byte order).
+Tx try_atomic(EmuQp* q, SendOp& op, const PeerView& pv) {
+  Shared* s = q->ctx->fab->shm;
+  const int32_t me = q->s->pid;
+  RegionPins pins(s);  // the local result buffer and the remote word, until both are written
+  const ibv_sge& g = op.sge[0];
+  uint64_t la = 0;
+  if (!pins.add(g.lkey) || !check_region(s, g.lkey, g.addr, 8, me, q->s->pd, IBV_ACCESS_LOCAL_WRITE, &la)) {
+    complete_send(q, op, IBV_WC_LOC_PROT_ERR);
+    qp_to_error(q);
+    return Tx::Done;
+  }
+  if (op.raddr % 8 != 0) {
+    complete_send(q, op, IBV_WC_REM_INV_REQ_ERR);
+    qp_to_error(q);
+    return Tx::Done;
+  }
+  uint64_t ra = 0;
+  if (!(pv.access & IBV_ACCESS_REMOTE_ATOMIC) || !pins.add(op.rkey) ||
+      !check_region(s, op.rkey, op.raddr, 8, pv.pid, pv.pd, IBV_ACCESS_REMOTE_ATOMIC, &ra)) {
+    complete_send(q, op, IBV_WC_REM_ACCESS_ERR);
+    qp_to_error(q);
+    return Tx::Done;
+  }
+  {
+    Guard pg(pv.qp->lock);
+    if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
+  }
+  uint64_t old = 0;
+  {
+    Guard ag(s->atomics);
+    iovec remote{reinterpret_cast<void*>(ra), 8}, mine{&old, 8};
+    if (copy_iov(pv.pid, &remote, 1, me, &mine, 1, 8, pv.pid_start) != Copy::Ok) return Tx::NotReady;
+    uint64_t next = op.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? old + op.compare_add
+                                                            : (old == op.compare_add ? op.swap : old);
+    iovec val{&next, 8};
+    if (next != old && copy_iov(me, &val, 1, pv.pid, &remote, 1, 8, pv.pid_start) != Copy::Ok) return Tx::NotReady;
+  }
+  std::memcpy(reinterpret_cast<void*>(la), &old, 8);  // the local SGE is this process's
+  {
+    Guard pg(pv.qp->lock);
+    pv.qp->rq_psn = (pv.qp->rq_psn + 1) & 0xffffff;
+  }
+  q->s->sq_psn = (q->s->sq_psn + 1) & 0xffffff;
+  // Paced cables: as a READ of 8 bytes (request one way, response the other).
+  Fabric& f = *q->ctx->fab;
+  const int64_t req = wire_due(f, q->s->port, 0);
+  const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), 8) : 0;
+  complete_send(q, op, IBV_WC_SUCCESS, std::max(req, resp));
+  return Tx::Done;
+}
+
 // Attempts one send work request.
 Tx try_send(EmuQp* q, SendOp& op) {
   Fabric& f = *q->ctx->fab;
@@ -514,6 +580,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
 
   if (op.opcode == IBV_WR_RDMA_READ) return try_read(q, op, pv);
+  if (is_atomic(op.opcode)) return try_atomic(q, op, pv);
 
   // Remote region of an RDMA WRITE: checked before any receive is consumed.
   // (Never under empty_rq=wait: Thunderbolt writes returned above.)
@@ -843,7 +910,7 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     return e;
   }
   uint32_t delay = fault_delay_us(f, q->ctx->host);
-  t_empty_since_ns = 0;
+  t_spin_from_ns = t_last_call_ns = now_ns();
   bool deferred = false;
   int rc_ret = post_send_locked(q, wr, bad, delay, &deferred);
   if (deferred) add_pending_qp(q);  // after q->mu is released (lock order)
@@ -870,7 +937,11 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
     bool supported = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_RDMA_WRITE ||
                      (!tb && (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) ||
                      (tb && wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ||
-                     (wr->opcode == IBV_WR_RDMA_READ && q->s->type == IBV_QPT_RC && !(wr->send_flags & IBV_SEND_INLINE));
+                     (wr->opcode == IBV_WR_RDMA_READ && q->s->type == IBV_QPT_RC && !(wr->send_flags & IBV_SEND_INLINE)) ||
+                     // Atomics: RC where the device reports atomic_cap HCA, one 8-byte result SGE (IB spec).
+                     (is_atomic(wr->opcode) && q->s->type == IBV_QPT_RC && !tb &&
+                      limits_of(q->ctx->fab->devices[q->ctx->dev].profile).max_rd_atom > 0 &&
+                      !(wr->send_flags & IBV_SEND_INLINE) && wr->num_sge == 1 && wr->sg_list[0].length == 8);
     if (!supported) {
       if (bad) *bad = wr;
       return EINVAL;
@@ -880,8 +951,15 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
     op.opcode = wr->opcode;
     op.flags = wr->send_flags;
     op.imm = wr->imm_data;
-    op.raddr = wr->wr.rdma.remote_addr;
-    op.rkey = wr->wr.rdma.rkey;
+    if (is_atomic(wr->opcode)) {  // the atomic member of the union has its own layout
+      op.raddr = wr->wr.atomic.remote_addr;
+      op.rkey = wr->wr.atomic.rkey;
+      op.compare_add = wr->wr.atomic.compare_add;
+      op.swap = wr->wr.atomic.swap;
+    } else {
+      op.raddr = wr->wr.rdma.remote_addr;
+      op.rkey = wr->wr.rdma.rkey;
+    }
     op.num_sge = static_cast<uint32_t>(wr->num_sge);
     op.is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
     for (uint32_t i = 0; i < op.num_sge; ++i) {
@@ -951,7 +1029,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return e;
   }
-  t_empty_since_ns = 0;
+  t_spin_from_ns = t_last_call_ns = now_ns();
   for (; wr; wr = wr->next) {
     uint32_t state = q->s->state;
     if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
@@ -1145,7 +1223,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
       const int64_t now = now_ns();
       const int n = take_due(s, ne, wc, now);
       if (n > 0) {
-        t_empty_since_ns = 0;
+        t_spin_from_ns = t_last_call_ns = now;
         return n;
       }
       break;
@@ -1157,7 +1235,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
     for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
     if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      t_empty_since_ns = 0;
+      t_spin_from_ns = t_last_call_ns = now_ns();
       return static_cast<int>(n);
     }
   }
@@ -1170,8 +1248,9 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   // its CQs hold is due. A thread busy with other CQs or posts never naps here.
   const int64_t now = now_ns();
   const int64_t spin = spin_ns();
-  if (t_empty_since_ns == 0) t_empty_since_ns = now;
-  if (!quiet || now - t_empty_since_ns <= spin) return 0;
+  if (now - t_last_call_ns > spin) t_spin_from_ns = now;  // back from elsewhere: spin afresh
+  t_last_call_ns = now;
+  if (!quiet || now - t_spin_from_ns <= spin) return 0;
   int64_t until = now + kPollSleepNs;
   int64_t first = 0;
   // Paced: the sleep ends this much before the due time and the rest is spun, so a wake-up's own
@@ -1184,12 +1263,14 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     if (first != 0) until = std::min(first - margin, now + kPacedNapNs);
   }
   if (until > now) nap(*bell, seen, until);
+  t_last_call_ns = now_ns();  // the nap was time spent in the verbs, not away from them
   if (first == 0) return 0;
   while (now_ns() < first && first - now_ns() <= margin) {
   }
   // At the due time: hand it out now rather than after another round of the caller.
-  const int n = take_due(s, ne, wc, now_ns());
-  if (n > 0) t_empty_since_ns = 0;
+  t_last_call_ns = now_ns();
+  const int n = take_due(s, ne, wc, t_last_call_ns);
+  if (n > 0) t_spin_from_ns = t_last_call_ns;
   return n;
 }
 

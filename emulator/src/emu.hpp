@@ -61,7 +61,8 @@ struct Limits {
   uint64_t max_msg;         // port max_msg_sz; longer sends complete with LOC_LEN_ERR
   uint32_t max_cqe;
   uint32_t max_inline;
-  uint32_t max_rd_atom;     // outstanding RDMA READs per QP (max_qp_rd_atom); RTS asking for more → EINVAL
+  uint32_t max_rd_atom;     // outstanding RDMA READs/atomics per QP (max_qp_rd_atom); RTS asking for more → EINVAL
+                            // atomics are offered (IBV_ATOMIC_HCA) exactly where READ is (max_rd_atom > 0)
 };
 const Limits& limits_of(Profile p);
 // Thunderbolt: the depth create_qp grants for a request (see limits_of for the model).
@@ -354,6 +355,7 @@ struct Shared {
   uint32_t nports;
   uint32_t nfaults;      // active fault entries (fast check on the hot path)
   ShmLock lock;          // control path: slot allocation, ports, faults
+  ShmLock atomics;       // every emulated RDMA atomic of the fabric runs under it (our assumption, docs/emulator.md)
   uint32_t next_gen;
   uint32_t next_channel;
   uint32_t next_pd;
@@ -368,7 +370,7 @@ struct Shared {
   ShmBell bells[kMaxCqs];  // a process with a CQ has one: never more than the CQs
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550008ull;  // "TBVEMU" v8 (link pacing, ShmBell)
+constexpr uint64_t kMagic = 0x54425645'4d550009ull;  // "TBVEMU" v9 (the atomics lock)
 
 // The bell of this process, allocated on first use (caller holds shm->lock); kMaxCqs if none free.
 uint32_t own_bell(Shared* s);

@@ -622,6 +622,7 @@ Shared* open_shared(Fabric& f) {
     s->layout = layout_id(f);
     s->nports = static_cast<uint32_t>(f.ports.size());
     s->lock.init();
+    s->atomics.init();
     s->next_gen = 1;
     s->next_channel = 1;
     s->next_pd = 1;

@@ -67,6 +67,7 @@ struct SendOp {
   uint32_t imm = 0;
   uint64_t raddr = 0;
   uint32_t rkey = 0;
+  uint64_t compare_add = 0, swap = 0;  // atomics: the add operand or the compare value; the swap value
   uint32_t num_sge = 0;
   ibv_sge sge[kMaxSge]{};
   bool is_inline = false;

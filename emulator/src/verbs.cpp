@@ -276,7 +276,10 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->max_qp_rd_atom = static_cast<int>(l.max_rd_atom);
   a->max_qp_init_rd_atom = static_cast<int>(l.max_rd_atom);
   a->max_res_rd_atom = static_cast<int>(l.max_rd_atom * l.max_qp);
-  a->atomic_cap = IBV_ATOMIC_NONE;
+  // 8-byte fetch-and-add and compare-and-swap run where RDMA READ does (the RC profiles); they are
+  // atomic against one another fabric-wide, not against the target CPU's stores: IBV_ATOMIC_HCA.
+  // Thunderbolt: the published driver reports max_qp_rd_atom 0 and no atomics ([R] devinfo dumps).
+  a->atomic_cap = l.max_rd_atom ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
   a->max_pkeys = 1;
   a->local_ca_ack_delay = 16;
   a->phys_port_cnt = static_cast<uint8_t>(d.ports.size());

@@ -48,6 +48,20 @@ void wr_rdma_write_imm(ibv_qp_ex* x, uint32_t rkey, uint64_t raddr, __be32 imm) 
   begin(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm);
 }
 void wr_rdma_read(ibv_qp_ex* x, uint32_t rkey, uint64_t raddr) { begin(x, IBV_WR_RDMA_READ, rkey, raddr); }
+void atomic(ibv_qp_ex* x, ibv_wr_opcode op, uint32_t rkey, uint64_t raddr, uint64_t compare_add, uint64_t swap) {
+  begin(x, op);
+  ibv_send_wr& w = batch_of(x).wrs.back().wr;
+  w.wr.atomic.remote_addr = raddr;  // the atomic member of the union has its own layout
+  w.wr.atomic.rkey = rkey;
+  w.wr.atomic.compare_add = compare_add;
+  w.wr.atomic.swap = swap;
+}
+void wr_atomic_cmp_swp(ibv_qp_ex* x, uint32_t rkey, uint64_t raddr, uint64_t compare, uint64_t swap) {
+  atomic(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, raddr, compare, swap);
+}
+void wr_atomic_fetch_add(ibv_qp_ex* x, uint32_t rkey, uint64_t raddr, uint64_t add) {
+  atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, raddr, add, 0);
+}
 
 // The WR the setters apply to: the last one begun. A setter before any opcode is a caller
 // error, reported by wr_complete.
@@ -127,12 +141,14 @@ int wr_complete(ibv_qp_ex* x) {
 void wr_abort(ibv_qp_ex* x) { wr_start(x); }
 
 // What the data path carries per transport (see emu_post_send): SEND and WRITE with or
-// without immediate on RC and UC, RDMA READ on RC only (IB spec). Atomics, memory windows,
-// UD addressing and TSO are not modelled, so asking for them is refused at creation.
+// without immediate on RC and UC, RDMA READ and the two atomics on RC only (IB spec; the
+// Thunderbolt profile refuses the extended API and RC altogether). Memory windows, UD
+// addressing and TSO are not modelled, so asking for them is refused at creation.
 uint64_t supported_send_ops(ibv_qp_type t) {
   uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
                  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
-  if (t == IBV_QPT_RC) ops |= IBV_QP_EX_WITH_RDMA_READ;
+  if (t == IBV_QPT_RC)
+    ops |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
   return ops;
 }
 
@@ -202,7 +218,11 @@ ibv_qp* emu_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   x.wr_send_imm = wr_send_imm;
   x.wr_rdma_write = wr_rdma_write;
   x.wr_rdma_write_imm = wr_rdma_write_imm;
-  if (attr->qp_type == IBV_QPT_RC) x.wr_rdma_read = wr_rdma_read;
+  if (attr->qp_type == IBV_QPT_RC) {
+    x.wr_rdma_read = wr_rdma_read;
+    x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+    x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+  }
   x.wr_set_sge = wr_set_sge;
   x.wr_set_sge_list = wr_set_sge_list;
   x.wr_set_inline_data = wr_set_inline_data;

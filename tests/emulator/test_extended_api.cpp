@@ -102,6 +102,147 @@ TEST_CASE("RDMA READ on RC: data, opcode, and the responder's checks", "[rc][rea
   }
 }
 
+namespace {
+
+constexpr int kAtomicRw = kRemoteRw | IBV_ACCESS_REMOTE_ATOMIC;
+
+// One atomic through ibv_post_send; the original value lands in a's buffer at `off`.
+int post_atomic(Side& a, uint64_t wr_id, uint64_t off, ibv_wr_opcode op, uint64_t raddr, uint32_t rkey,
+                uint64_t compare_add, uint64_t swap = 0, uint32_t len = 8) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(a.buf.data()) + off, len, a.mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = raddr;
+  wr.wr.atomic.rkey = rkey;
+  wr.wr.atomic.compare_add = compare_add;
+  wr.wr.atomic.swap = swap;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(a.qp, &wr, &bad);
+}
+
+uint64_t word(const Side& s, size_t off) {
+  uint64_t v = 0;
+  std::memcpy(&v, s.buf.data() + off, 8);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("atomics on RC: fetch-and-add and compare-and-swap, the caps, and the responder's checks",
+          "[rc][atomic]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kAtomicRw));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kAtomicRw));
+  ibv_device_attr da{};
+  REQUIRE(ibv_query_device(a.ctx, &da) == 0);
+  CHECK(da.atomic_cap == IBV_ATOMIC_HCA);
+  CHECK(da.max_qp_init_rd_atom == 16);
+  for (auto [x, y] : {std::pair<Side*, Side*>{&a, &b}, {&b, &a}})
+    REQUIRE((to_init(x->qp, kAtomicRw) == 0 && to_rtr(x->qp, y->qp->qp_num, gid_of(y->ctx, 1), 1) == 0 &&
+             to_rts(x->qp) == 0));
+  const uint64_t base = reinterpret_cast<uint64_t>(b.buf.data());
+  const uint64_t v0 = 0x1122334455667788ull;
+  std::memcpy(b.buf.data() + 64, &v0, 8);
+  ibv_wc wc{};
+
+  REQUIRE(post_atomic(a, 1, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, base + 64, b.mr->rkey, 5) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_FETCH_ADD);
+  CHECK(word(a, 0) == v0);
+  CHECK(word(b, 64) == v0 + 5);
+  // A compare that fails leaves the word; one that matches swaps it. Both return the original.
+  REQUIRE(post_atomic(a, 2, 8, IBV_WR_ATOMIC_CMP_AND_SWP, base + 64, b.mr->rkey, v0, 42) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK((wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP));
+  CHECK(word(a, 8) == v0 + 5);
+  CHECK(word(b, 64) == v0 + 5);
+  REQUIRE(post_atomic(a, 3, 16, IBV_WR_ATOMIC_CMP_AND_SWP, base + 64, b.mr->rkey, v0 + 5, 42) == 0);
+  REQUIRE(poll_one(a.cq, &wc));
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(word(a, 16) == v0 + 5);
+  CHECK(word(b, 64) == 42);
+  CHECK(word(b, 72) == 0);  // 8 bytes only
+  CHECK(quiet(b.cq, 20));   // the responder sees no completion
+
+  SECTION("the builders of the extended API run the same atomics") {
+    ibv_destroy_qp(a.qp);
+    a.qp = create_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP);
+    REQUIRE(a.qp);
+    ibv_qp_ex* x = ibv_qp_to_qp_ex(a.qp);
+    REQUIRE(x);
+    ibv_destroy_qp(b.qp);
+    b.qp = nullptr;
+    REQUIRE(b.create_qp());
+    for (auto [p, q] : {std::pair<Side*, Side*>{&a, &b}, {&b, &a}})
+      REQUIRE((to_init(p->qp, kAtomicRw) == 0 && to_rtr(p->qp, q->qp->qp_num, gid_of(q->ctx, 1), 1) == 0 &&
+               to_rts(p->qp) == 0));
+    ibv_wr_start(x);
+    x->wr_id = 7;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_atomic_fetch_add(x, b.mr->rkey, base + 64, 8);
+    ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()) + 24, 8);
+    x->wr_id = 8;
+    ibv_wr_atomic_cmp_swp(x, b.mr->rkey, base + 64, 50, 7);
+    ibv_wr_set_sge(x, a.mr->lkey, reinterpret_cast<uint64_t>(a.buf.data()) + 32, 8);
+    REQUIRE(ibv_wr_complete(x) == 0);
+    for (uint64_t id = 7; id <= 8; ++id) {
+      REQUIRE(poll_one(a.cq, &wc));
+      CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == id));
+    }
+    CHECK(word(a, 24) == 42);
+    CHECK(word(a, 32) == 50);
+    CHECK(word(b, 64) == 7);
+  }
+  SECTION("a region without REMOTE_ATOMIC: REM_ACCESS_ERR, the word untouched") {
+    std::vector<char> rw(4096, 0);
+    ibv_mr* mr = ibv_reg_mr(b.pd, rw.data(), rw.size(), kRemoteRw);
+    REQUIRE(mr);
+    REQUIRE(post_atomic(a, 4, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, reinterpret_cast<uint64_t>(rw.data()), mr->rkey, 1) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(rw[0] == 0);
+    ibv_dereg_mr(mr);
+  }
+  SECTION("a remote address not 8-aligned: the responder's Invalid Request") {
+    REQUIRE(post_atomic(a, 4, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, base + 68, b.mr->rkey, 1) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR);
+    CHECK(word(b, 64) == 42);
+  }
+  SECTION("a local SGE of other than 8 bytes: refused at post") {
+    CHECK(post_atomic(a, 4, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, base + 64, b.mr->rkey, 1, 0, 16) == EINVAL);
+  }
+}
+
+TEST_CASE("atomics are refused on UC and absent on Thunderbolt (max_qp_rd_atom 0)", "[uc][tb][atomic]") {
+  {
+    TempFabric f(three_hosts("rdma-core-rc"));
+    Side a, b;
+    REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_UC));
+    REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_UC));
+    REQUIRE(connect_pair(a, b));
+    CHECK(post_atomic(a, 1, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, reinterpret_cast<uint64_t>(b.buf.data()), b.mr->rkey, 1) ==
+          EINVAL);
+  }
+  TempFabric f(three_hosts("thunderbolt"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_UC));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_UC));
+  ibv_device_attr da{};
+  REQUIRE(ibv_query_device(a.ctx, &da) == 0);
+  CHECK(da.atomic_cap == IBV_ATOMIC_NONE);
+  CHECK(da.max_qp_rd_atom == 0);
+  REQUIRE(connect_pair(a, b));
+  CHECK(post_atomic(a, 1, 0, IBV_WR_ATOMIC_CMP_AND_SWP, reinterpret_cast<uint64_t>(b.buf.data()), b.mr->rkey, 0, 1) ==
+        EINVAL);
+}
+
 TEST_CASE("RDMA READ is refused on UC at post (IB spec: UC carries SEND and WRITE)", "[uc][read]") {
   TempFabric f(three_hosts("rdma-core-rc"));
   Side a, b;
@@ -195,7 +336,7 @@ TEST_CASE("extended send API: what is not modelled is refused at creation", "[qp
   Side s;
   REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_RC));
   errno = 0;
-  CHECK(create_ex(s, IBV_QPT_RC, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) == nullptr);
+  CHECK(create_ex(s, IBV_QPT_RC, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW) == nullptr);  // no memory windows
   CHECK(errno == EOPNOTSUPP);
   errno = 0;
   CHECK(create_ex(s, IBV_QPT_UC, IBV_QP_EX_WITH_RDMA_READ) == nullptr);  // UC carries no READ
