@@ -55,11 +55,14 @@ constexpr long kPollSleepNs = 200 * 1000;  // longest nap of one empty poll_cq
 // Longest nap while a paced completion is pending: it ends at that completion's due time anyway;
 // the bound keeps a waiting thread coming back to its caller (liveness checks, deadlines).
 constexpr int64_t kPacedNapNs = 10 * 1000 * 1000;
-// When this thread's current run of empty polls began (0: its last verbs call got a completion
-// or posted work). emu_poll_cq naps only after spin_ns() of such a run: a thread that comes back
-// from elsewhere (a side-channel barrier, its own work) to an empty CQ is likely about to post,
-// and its first poll must not nap (it did, for 200 us, after every barrier of a ring).
-thread_local int64_t t_empty_since_ns = 0;
+// emu_poll_cq naps once this thread has polled in vain for spin_ns() since t_spin_from_ns: its
+// last post or completion, or, when it comes back to an empty CQ after more than spin_ns() away
+// from the verbs (t_last_call_ns: a side-channel barrier, its own work), that return, since it is
+// then probably about to post (counted from its last post, a ring rank napped 200 us on its first
+// poll after every barrier). Counting from the last post otherwise matters too: spinning longer
+// than that took the CPU from the peer and cost a 4 KiB ping-pong a fifth of its speed.
+thread_local int64_t t_spin_from_ns = 0;
+thread_local int64_t t_last_call_ns = 0;
 
 std::mutex g_pending_mu;
 std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
@@ -898,7 +901,7 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     return e;
   }
   uint32_t delay = fault_delay_us(f, q->ctx->host);
-  t_empty_since_ns = 0;
+  t_spin_from_ns = t_last_call_ns = now_ns();
   bool deferred = false;
   int rc_ret = post_send_locked(q, wr, bad, delay, &deferred);
   if (deferred) add_pending_qp(q);  // after q->mu is released (lock order)
@@ -1017,7 +1020,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return e;
   }
-  t_empty_since_ns = 0;
+  t_spin_from_ns = t_last_call_ns = now_ns();
   for (; wr; wr = wr->next) {
     uint32_t state = q->s->state;
     if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
@@ -1211,7 +1214,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
       const int64_t now = now_ns();
       const int n = take_due(s, ne, wc, now);
       if (n > 0) {
-        t_empty_since_ns = 0;
+        t_spin_from_ns = t_last_call_ns = now;
         return n;
       }
       break;
@@ -1223,7 +1226,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ne), tail - head);
     for (uint32_t i = 0; i < n; ++i) wc[i] = s.ring[(head + i) & (kCqRing - 1)];
     if (__atomic_compare_exchange_n(&s.head, &head, head + n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      t_empty_since_ns = 0;
+      t_spin_from_ns = t_last_call_ns = now_ns();
       return static_cast<int>(n);
     }
   }
@@ -1236,8 +1239,9 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   // its CQs hold is due. A thread busy with other CQs or posts never naps here.
   const int64_t now = now_ns();
   const int64_t spin = spin_ns();
-  if (t_empty_since_ns == 0) t_empty_since_ns = now;
-  if (!quiet || now - t_empty_since_ns <= spin) return 0;
+  if (now - t_last_call_ns > spin) t_spin_from_ns = now;  // back from elsewhere: spin afresh
+  t_last_call_ns = now;
+  if (!quiet || now - t_spin_from_ns <= spin) return 0;
   int64_t until = now + kPollSleepNs;
   int64_t first = 0;
   // Paced: the sleep ends this much before the due time and the rest is spun, so a wake-up's own
@@ -1250,12 +1254,14 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     if (first != 0) until = std::min(first - margin, now + kPacedNapNs);
   }
   if (until > now) nap(*bell, seen, until);
+  t_last_call_ns = now_ns();  // the nap was time spent in the verbs, not away from them
   if (first == 0) return 0;
   while (now_ns() < first && first - now_ns() <= margin) {
   }
   // At the due time: hand it out now rather than after another round of the caller.
-  const int n = take_due(s, ne, wc, now_ns());
-  if (n > 0) t_empty_since_ns = 0;
+  t_last_call_ns = now_ns();
+  const int n = take_due(s, ne, wc, t_last_call_ns);
+  if (n > 0) t_spin_from_ns = t_last_call_ns;
   return n;
 }
 
