@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -540,6 +541,14 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
   if (tb && is_write) {
     // As reported for Apple's driver (ds4): RDMA WRITE is accepted and completes, but nothing moves.
+    // The driver says nothing; we say it once per process (issue 14), so a benchmark's
+    // figure for writes is not mistaken for a transfer.
+    static std::atomic_flag warned = ATOMIC_FLAG_INIT;
+    if (!warned.test_and_set(std::memory_order_relaxed))
+      std::fprintf(stderr,
+                   "tbverbs-emu: RDMA WRITE on Thunderbolt (%s) is accepted and completes but moves nothing, "
+                   "as reported for Apple's driver (ds4); this is printed once per process\n",
+                   f.devices[q->ctx->dev].name.c_str());
     complete_sent(q, op);
     return Tx::Done;
   }
@@ -774,6 +783,28 @@ const ShmMr* mr_of_key(Shared* s, uint32_t key) {
   if (key == 0) return nullptr;
   const ShmMr* m = &s->mrs[key & (kMaxMrs - 1)];
   return __atomic_load_n(&m->key, __ATOMIC_ACQUIRE) == key ? m : nullptr;
+}
+
+// A QP moved to RESET leaves no completions behind in its CQs, as providers clean them
+// (rdma-core's mlx5 does; our assumption for the others): a QP restarted from RESET must not
+// hand its new user the flushed work of its past. The CQ is marked paced first, so its pollers
+// take the lock from now on (see emu_poll_cq) while entries move; our assumption: no thread
+// polls the CQ in the very instant the first reset marks it.
+void cq_clean(Fabric& f, uint32_t cq_slot, uint32_t qpn) {
+  if (cq_slot >= kMaxCqs) return;
+  ShmCq& c = f.shm->cqs[cq_slot];
+  Guard g(c.lock);
+  if (!c.in_use) return;
+  if (!c.paced) __atomic_store_n(&c.paced, 1u, __ATOMIC_SEQ_CST);
+  const uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
+  uint32_t out = head;
+  for (uint32_t i = head; i != c.tail; ++i) {
+    if (c.ring[i & (kCqRing - 1)].qp_num == qpn) continue;
+    c.ring[out & (kCqRing - 1)] = c.ring[i & (kCqRing - 1)];
+    c.due[out & (kCqRing - 1)] = c.due[i & (kCqRing - 1)];
+    ++out;
+  }
+  __atomic_store_n(&c.tail, out, __ATOMIC_SEQ_CST);
 }
 
 void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int64_t due) {

@@ -145,6 +145,8 @@ void forget_waiting_sends(EmuQp* q, bool flush);
 // Appends a completion to a CQ and rings its owner's bell. `due` (link pacing): the completion is
 // handed out no earlier (CLOCK_MONOTONIC ns); 0 = at once, behind what the CQ already holds.
 void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int64_t due = 0);
+// Removes QP `qpn`'s completions not yet polled from a CQ (a QP moved to RESET).
+void cq_clean(Fabric& f, uint32_t cq_slot, uint32_t qpn);
 // Resolves an lkey/rkey to a live region. Returns nullptr when the key is stale.
 const ShmMr* mr_of_key(Shared* s, uint32_t key);
 

@@ -443,6 +443,23 @@ EMU_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   return 0;
 }
 
+namespace {
+// Whether a registration (or re-registration) with `access` is refused, and its errno.
+int access_refused(EmuContext* c, unsigned access) {
+  // Remote write/atomic need local write, as in rdma-core.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  switch (quirk_of(c, Quirk::MrAccess)) {
+    case kMrAccessLocalWriteOnly:  // TN3205's advice taken as a rule
+      return (access & (remote | IBV_ACCESS_REMOTE_ATOMIC)) ? EINVAL : 0;
+    case kMrAccessRemoteRequired:  // [R] llama.cpp: LOCAL_WRITE-only registrations rejected
+      return (access & remote) ? 0 : EINVAL;
+    default: return 0;
+  }
+}
+}  // namespace
+
 EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   if (!pd) {
     errno = EINVAL;
@@ -453,9 +470,8 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     errno = e;
     return nullptr;
   }
-  // Remote write/atomic need local write, as in rdma-core.
-  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
-    errno = EINVAL;
+  if (int e = access_refused(c, access)) {
+    errno = e;
     return nullptr;
   }
   if (!addr && length) {
@@ -467,22 +483,6 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
   if (length > lim(c).max_mr_size) {
     errno = EINVAL;
     return nullptr;
-  }
-  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
-  switch (quirk_of(c, Quirk::MrAccess)) {
-    case kMrAccessLocalWriteOnly:  // TN3205's advice taken as a rule
-      if (access & (remote | IBV_ACCESS_REMOTE_ATOMIC)) {
-        errno = EINVAL;
-        return nullptr;
-      }
-      break;
-    case kMrAccessRemoteRequired:  // [R] llama.cpp: LOCAL_WRITE-only registrations rejected
-      if (!(access & remote)) {
-        errno = EINVAL;
-        return nullptr;
-      }
-      break;
-    default: break;
   }
   auto* m = new (std::nothrow) EmuMr{};
   if (!m) {
@@ -1049,6 +1049,8 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     s->peer_port = -1;
     q->attr.qp_state = IBV_QPS_RESET;
     qp->state = IBV_QPS_RESET;
+    cq_clean(*q->ctx->fab, q->scq->slot, qp->qp_num);
+    if (q->rcq != q->scq) cq_clean(*q->ctx->fab, q->rcq->slot, qp->qp_num);
     return 0;
   }
   if (next == IBV_QPS_ERR) {
@@ -1208,9 +1210,64 @@ EMU_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP;
 EMU_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-EMU_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
-  errno = EOPNOTSUPP;  // re-registration is not modelled; callers read errno for why
-  return IBV_REREG_MR_ERR_INPUT;
+// Re-registration changes the access, the range (CHANGE_TRANSLATION, iova = addr) or the PD of
+// a region in place. A new range or PD gives the region new keys (our assumption; the verbs let
+// the keys change, ibv_rereg_mr(3)): work posted with the old ones, such as a receive posted
+// into the old range, then fails as on hardware, where it no longer matches the region.
+// Failures return IBV_REREG_MR_ERR_INPUT with errno set, as rdma-core's checks do.
+EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  constexpr int kKnown = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  const bool move = flags & IBV_REREG_MR_CHANGE_TRANSLATION, repd = flags & IBV_REREG_MR_CHANGE_PD;
+  if (!mr || !flags || (flags & ~kKnown) || (repd && (!pd || pd->context != mr->context)) ||
+      (move && (!addr || !length))) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  EmuContext* c = ectx(mr->context);
+  if (int e = faulted(c, "ibv_rereg_mr")) {
+    errno = e;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  auto* m = reinterpret_cast<EmuMr*>(mr);
+  Shared* s = c->fab->shm;
+  ShmMr& x = s->mrs[m->slot];
+  const unsigned acc = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : x.access;
+  if (int e = access_refused(c, acc)) {
+    errno = e;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (move && length > lim(c).max_mr_size) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  {
+    Guard g(s->lock);
+    if (x.key != mr->lkey) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    x.access = acc;
+    if (repd) x.pd = reinterpret_cast<EmuPd*>(pd)->id;
+    if (move) {
+      x.addr = x.iova = reinterpret_cast<uint64_t>(addr);
+      x.length = length;
+    }
+    if (move || repd) {
+      uint32_t gen = (s->next_gen++ & 0xfffff) | 1;
+      __atomic_store_n(&x.key, (gen << 12) | m->slot, __ATOMIC_RELEASE);
+      mr->lkey = mr->rkey = x.key;
+    }
+  }
+  if (repd) {
+    reinterpret_cast<EmuPd*>(mr->pd)->users.fetch_sub(1);
+    reinterpret_cast<EmuPd*>(pd)->users.fetch_add(1);
+    mr->pd = pd;
+  }
+  if (move) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  return 0;
 }
 
 EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
@@ -1336,10 +1393,7 @@ EMU_EXPORT ibv_rate mult_to_ibv_rate(int mult) {
   }
 }
 
-EMU_EXPORT int ibv_get_sysfs_path(char* buf, size_t size) {
-  std::snprintf(buf, size, "/sys");
-  return 0;
-}
+// ibv_get_sysfs_path and the rest of rdma-core's ABI: abi_rest.cpp.
 
 // ibv_devinfo reads a device's board_id through this; answer for our devices.
 EMU_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
