@@ -38,7 +38,10 @@
 #define EMU_EXPORT extern "C" __attribute__((visibility("default")))
 // An entry point under a non-default version (name@NODE): the C name is internal, the
 // versioned alias is what the loader binds old binaries to.
-#define EMU_COMPAT(sym) extern "C" __attribute__((visibility("default"), symver(sym)))
+// (The assembler directive rather than GCC's symver attribute, which clang lacks.)
+#define EMU_COMPAT(fn, sym)                                                                                  \
+  __asm__(".symver " #fn ", " sym);                                                                          \
+  extern "C" __attribute__((visibility("default")))
 
 namespace {
 
@@ -49,13 +52,12 @@ int unsupported() {
   return EOPNOTSUPP;
 }
 
-template <class T>
-T* unsupported_ptr() {
+template <class T> T* unsupported_ptr() {
   errno = EOPNOTSUPP;
   return nullptr;
 }
 
-}  // namespace
+} // namespace
 
 // ---------------------------------------------------------------- IBVERBS_1.0 / 1.1 helpers
 
@@ -68,7 +70,8 @@ EMU_EXPORT const char* ibv_get_sysfs_path(void) {
   std::call_once(once, [] {
     const char* env = std::getenv("SYSFS_PATH");
     path = env && *env ? env : "/sys";
-    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    while (path.size() > 1 && path.back() == '/')
+      path.pop_back();
   });
   return path.c_str();
 }
@@ -81,16 +84,16 @@ struct RateMbps {
   int mbps;
 };
 constexpr RateMbps kRates[] = {
-    {IBV_RATE_2_5_GBPS, 2500},    {IBV_RATE_5_GBPS, 5000},       {IBV_RATE_10_GBPS, 10000},
-    {IBV_RATE_20_GBPS, 20000},    {IBV_RATE_30_GBPS, 30000},     {IBV_RATE_40_GBPS, 40000},
-    {IBV_RATE_60_GBPS, 60000},    {IBV_RATE_80_GBPS, 80000},     {IBV_RATE_120_GBPS, 120000},
-    {IBV_RATE_14_GBPS, 14062},    {IBV_RATE_56_GBPS, 56250},     {IBV_RATE_112_GBPS, 112500},
-    {IBV_RATE_168_GBPS, 168750},  {IBV_RATE_25_GBPS, 25781},     {IBV_RATE_100_GBPS, 103125},
-    {IBV_RATE_200_GBPS, 206250},  {IBV_RATE_300_GBPS, 309375},   {IBV_RATE_28_GBPS, 28125},
-    {IBV_RATE_50_GBPS, 53125},    {IBV_RATE_400_GBPS, 425000},   {IBV_RATE_600_GBPS, 637500},
-    {IBV_RATE_800_GBPS, 850000},  {IBV_RATE_1200_GBPS, 1275000},
+    {IBV_RATE_2_5_GBPS, 2500},   {IBV_RATE_5_GBPS, 5000},       {IBV_RATE_10_GBPS, 10000},
+    {IBV_RATE_20_GBPS, 20000},   {IBV_RATE_30_GBPS, 30000},     {IBV_RATE_40_GBPS, 40000},
+    {IBV_RATE_60_GBPS, 60000},   {IBV_RATE_80_GBPS, 80000},     {IBV_RATE_120_GBPS, 120000},
+    {IBV_RATE_14_GBPS, 14062},   {IBV_RATE_56_GBPS, 56250},     {IBV_RATE_112_GBPS, 112500},
+    {IBV_RATE_168_GBPS, 168750}, {IBV_RATE_25_GBPS, 25781},     {IBV_RATE_100_GBPS, 103125},
+    {IBV_RATE_200_GBPS, 206250}, {IBV_RATE_300_GBPS, 309375},   {IBV_RATE_28_GBPS, 28125},
+    {IBV_RATE_50_GBPS, 53125},   {IBV_RATE_400_GBPS, 425000},   {IBV_RATE_600_GBPS, 637500},
+    {IBV_RATE_800_GBPS, 850000}, {IBV_RATE_1200_GBPS, 1275000},
 };
-}  // namespace
+} // namespace
 
 EMU_EXPORT int ibv_rate_to_mbps(ibv_rate rate) {
   for (const auto& r : kRates)
@@ -251,17 +254,18 @@ EMU_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_w
     ibv_gid g;
     if (ibv_query_gid(context, port_num, i, &g) != 0 || std::memcmp(&g, &dest, sizeof g) != 0) continue;
     int type = 0;
-    if (ipv4 && (ibv_query_gid_type(context, port_num, static_cast<unsigned>(i), &type) != 0 || type != 1)) continue;
+    if (ipv4 && (ibv_query_gid_type(context, port_num, static_cast<unsigned>(i), &type) != 0 || type != 1))
+      continue;
     index = i;
   }
   if (index < 0) {
-    errno = ENOENT;  // the message was addressed to a GID this port does not hold
+    errno = ENOENT; // the message was addressed to a GID this port does not hold
     return -1;
   }
   ah_attr->is_global = 1;
   ah_attr->grh.dgid = sender;
   ah_attr->grh.sgid_index = static_cast<uint8_t>(index);
-  ah_attr->grh.hop_limit = 0xFF;  // the reply may cross as many routers as the request did
+  ah_attr->grh.hop_limit = 0xFF; // the reply may cross as many routers as the request did
   return 0;
 }
 
@@ -275,7 +279,8 @@ EMU_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6
 // IBVERBS_1.1, non-default: the pre-2017 provider registration. rdma-core 44 keeps it only to
 // tell an old provider that it is no longer supported; so does the emulator.
 using legacy_driver_init = void* (*)(const char*, int);
-EMU_COMPAT("ibv_register_driver@IBVERBS_1.1") void emu_register_driver_1_1(const char* name, legacy_driver_init) {
+EMU_COMPAT(emu_register_driver_1_1, "ibv_register_driver@IBVERBS_1.1")
+void emu_register_driver_1_1(const char* name, legacy_driver_init) {
   std::fprintf(stderr, "tbverbs-emu: provider %s uses the pre-rdma-core driver interface; ignored\n",
                name ? name : "(unnamed)");
 }
@@ -293,88 +298,126 @@ struct ibv_cq_1_0;
 struct ibv_qp_1_0;
 struct ibv_srq_1_0;
 struct ibv_ah_1_0;
-struct ibv_comp_channel;
 
-EMU_COMPAT("ibv_get_device_list@IBVERBS_1.0") ibv_device_1_0** emu_get_device_list_1_0(int* num) {
+EMU_COMPAT(emu_get_device_list_1_0, "ibv_get_device_list@IBVERBS_1.0")
+ibv_device_1_0** emu_get_device_list_1_0(int* num) {
   if (num) *num = 0;
   return unsupported_ptr<ibv_device_1_0*>();
 }
-EMU_COMPAT("ibv_free_device_list@IBVERBS_1.0") void emu_free_device_list_1_0(ibv_device_1_0**) {}
-EMU_COMPAT("ibv_get_device_name@IBVERBS_1.0") const char* emu_get_device_name_1_0(ibv_device_1_0*) {
+EMU_COMPAT(emu_free_device_list_1_0, "ibv_free_device_list@IBVERBS_1.0")
+void emu_free_device_list_1_0(ibv_device_1_0**) {}
+EMU_COMPAT(emu_get_device_name_1_0, "ibv_get_device_name@IBVERBS_1.0")
+const char* emu_get_device_name_1_0(ibv_device_1_0*) {
   return unsupported_ptr<const char>();
 }
-EMU_COMPAT("ibv_get_device_guid@IBVERBS_1.0") __be64 emu_get_device_guid_1_0(ibv_device_1_0*) {
+EMU_COMPAT(emu_get_device_guid_1_0, "ibv_get_device_guid@IBVERBS_1.0")
+__be64 emu_get_device_guid_1_0(ibv_device_1_0*) {
   unsupported();
   return 0;
 }
-EMU_COMPAT("ibv_open_device@IBVERBS_1.0") ibv_context_1_0* emu_open_device_1_0(ibv_device_1_0*) {
+EMU_COMPAT(emu_open_device_1_0, "ibv_open_device@IBVERBS_1.0")
+ibv_context_1_0* emu_open_device_1_0(ibv_device_1_0*) {
   return unsupported_ptr<ibv_context_1_0>();
 }
-EMU_COMPAT("ibv_close_device@IBVERBS_1.0") int emu_close_device_1_0(ibv_context_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_get_async_event@IBVERBS_1.0") int emu_get_async_event_1_0(ibv_context_1_0*, void*) {
-  unsupported();
-  return -1;
-}
-EMU_COMPAT("ibv_ack_async_event@IBVERBS_1.0") void emu_ack_async_event_1_0(void*) {}
-EMU_COMPAT("ibv_query_device@IBVERBS_1.0") int emu_query_device_1_0(ibv_context_1_0*, ibv_device_attr*) {
+EMU_COMPAT(emu_close_device_1_0, "ibv_close_device@IBVERBS_1.0") int emu_close_device_1_0(ibv_context_1_0*) {
   return unsupported();
 }
-EMU_COMPAT("ibv_query_port@IBVERBS_1.0") int emu_query_port_1_0(ibv_context_1_0*, uint8_t, ibv_port_attr*) {
+EMU_COMPAT(emu_get_async_event_1_0, "ibv_get_async_event@IBVERBS_1.0")
+int emu_get_async_event_1_0(ibv_context_1_0*, void*) {
+  unsupported();
+  return -1;
+}
+EMU_COMPAT(emu_ack_async_event_1_0, "ibv_ack_async_event@IBVERBS_1.0") void emu_ack_async_event_1_0(void*) {}
+EMU_COMPAT(emu_query_device_1_0, "ibv_query_device@IBVERBS_1.0")
+int emu_query_device_1_0(ibv_context_1_0*, ibv_device_attr*) {
   return unsupported();
 }
-EMU_COMPAT("ibv_query_gid@IBVERBS_1.0") int emu_query_gid_1_0(ibv_context_1_0*, uint8_t, int, ibv_gid*) {
+EMU_COMPAT(emu_query_port_1_0, "ibv_query_port@IBVERBS_1.0")
+int emu_query_port_1_0(ibv_context_1_0*, uint8_t, ibv_port_attr*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_query_gid_1_0, "ibv_query_gid@IBVERBS_1.0")
+int emu_query_gid_1_0(ibv_context_1_0*, uint8_t, int, ibv_gid*) {
   unsupported();
   return -1;
 }
-EMU_COMPAT("ibv_query_pkey@IBVERBS_1.0") int emu_query_pkey_1_0(ibv_context_1_0*, uint8_t, int, __be16*) {
+EMU_COMPAT(emu_query_pkey_1_0, "ibv_query_pkey@IBVERBS_1.0")
+int emu_query_pkey_1_0(ibv_context_1_0*, uint8_t, int, __be16*) {
   unsupported();
   return -1;
 }
-EMU_COMPAT("ibv_alloc_pd@IBVERBS_1.0") ibv_pd_1_0* emu_alloc_pd_1_0(ibv_context_1_0*) {
+EMU_COMPAT(emu_alloc_pd_1_0, "ibv_alloc_pd@IBVERBS_1.0") ibv_pd_1_0* emu_alloc_pd_1_0(ibv_context_1_0*) {
   return unsupported_ptr<ibv_pd_1_0>();
 }
-EMU_COMPAT("ibv_dealloc_pd@IBVERBS_1.0") int emu_dealloc_pd_1_0(ibv_pd_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_reg_mr@IBVERBS_1.0") ibv_mr_1_0* emu_reg_mr_1_0(ibv_pd_1_0*, void*, size_t, int) {
+EMU_COMPAT(emu_dealloc_pd_1_0, "ibv_dealloc_pd@IBVERBS_1.0") int emu_dealloc_pd_1_0(ibv_pd_1_0*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_reg_mr_1_0, "ibv_reg_mr@IBVERBS_1.0")
+ibv_mr_1_0* emu_reg_mr_1_0(ibv_pd_1_0*, void*, size_t, int) {
   return unsupported_ptr<ibv_mr_1_0>();
 }
-EMU_COMPAT("ibv_dereg_mr@IBVERBS_1.0") int emu_dereg_mr_1_0(ibv_mr_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_create_cq@IBVERBS_1.0")
+EMU_COMPAT(emu_dereg_mr_1_0, "ibv_dereg_mr@IBVERBS_1.0") int emu_dereg_mr_1_0(ibv_mr_1_0*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_create_cq_1_0, "ibv_create_cq@IBVERBS_1.0")
 ibv_cq_1_0* emu_create_cq_1_0(ibv_context_1_0*, int, void*, ibv_comp_channel*, int) {
   return unsupported_ptr<ibv_cq_1_0>();
 }
-EMU_COMPAT("ibv_resize_cq@IBVERBS_1.0") int emu_resize_cq_1_0(ibv_cq_1_0*, int) { return unsupported(); }
-EMU_COMPAT("ibv_destroy_cq@IBVERBS_1.0") int emu_destroy_cq_1_0(ibv_cq_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_get_cq_event@IBVERBS_1.0") int emu_get_cq_event_1_0(ibv_comp_channel*, ibv_cq_1_0**, void**) {
+EMU_COMPAT(emu_resize_cq_1_0, "ibv_resize_cq@IBVERBS_1.0") int emu_resize_cq_1_0(ibv_cq_1_0*, int) {
+  return unsupported();
+}
+EMU_COMPAT(emu_destroy_cq_1_0, "ibv_destroy_cq@IBVERBS_1.0") int emu_destroy_cq_1_0(ibv_cq_1_0*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_get_cq_event_1_0, "ibv_get_cq_event@IBVERBS_1.0")
+int emu_get_cq_event_1_0(ibv_comp_channel*, ibv_cq_1_0**, void**) {
   unsupported();
   return -1;
 }
-EMU_COMPAT("ibv_ack_cq_events@IBVERBS_1.0") void emu_ack_cq_events_1_0(ibv_cq_1_0*, unsigned int) {}
-EMU_COMPAT("ibv_create_srq@IBVERBS_1.0") ibv_srq_1_0* emu_create_srq_1_0(ibv_pd_1_0*, ibv_srq_init_attr*) {
+EMU_COMPAT(emu_ack_cq_events_1_0, "ibv_ack_cq_events@IBVERBS_1.0")
+void emu_ack_cq_events_1_0(ibv_cq_1_0*, unsigned int) {}
+EMU_COMPAT(emu_create_srq_1_0, "ibv_create_srq@IBVERBS_1.0")
+ibv_srq_1_0* emu_create_srq_1_0(ibv_pd_1_0*, ibv_srq_init_attr*) {
   return unsupported_ptr<ibv_srq_1_0>();
 }
-EMU_COMPAT("ibv_modify_srq@IBVERBS_1.0") int emu_modify_srq_1_0(ibv_srq_1_0*, ibv_srq_attr*, int) {
+EMU_COMPAT(emu_modify_srq_1_0, "ibv_modify_srq@IBVERBS_1.0")
+int emu_modify_srq_1_0(ibv_srq_1_0*, ibv_srq_attr*, int) {
   return unsupported();
 }
-EMU_COMPAT("ibv_query_srq@IBVERBS_1.0") int emu_query_srq_1_0(ibv_srq_1_0*, ibv_srq_attr*) { return unsupported(); }
-EMU_COMPAT("ibv_destroy_srq@IBVERBS_1.0") int emu_destroy_srq_1_0(ibv_srq_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_create_qp@IBVERBS_1.0") ibv_qp_1_0* emu_create_qp_1_0(ibv_pd_1_0*, void*) {
+EMU_COMPAT(emu_query_srq_1_0, "ibv_query_srq@IBVERBS_1.0")
+int emu_query_srq_1_0(ibv_srq_1_0*, ibv_srq_attr*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_destroy_srq_1_0, "ibv_destroy_srq@IBVERBS_1.0") int emu_destroy_srq_1_0(ibv_srq_1_0*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_create_qp_1_0, "ibv_create_qp@IBVERBS_1.0") ibv_qp_1_0* emu_create_qp_1_0(ibv_pd_1_0*, void*) {
   return unsupported_ptr<ibv_qp_1_0>();
 }
-EMU_COMPAT("ibv_query_qp@IBVERBS_1.0") int emu_query_qp_1_0(ibv_qp_1_0*, ibv_qp_attr*, int, void*) {
+EMU_COMPAT(emu_query_qp_1_0, "ibv_query_qp@IBVERBS_1.0")
+int emu_query_qp_1_0(ibv_qp_1_0*, ibv_qp_attr*, int, void*) {
   return unsupported();
 }
-EMU_COMPAT("ibv_modify_qp@IBVERBS_1.0") int emu_modify_qp_1_0(ibv_qp_1_0*, ibv_qp_attr*, int) {
+EMU_COMPAT(emu_modify_qp_1_0, "ibv_modify_qp@IBVERBS_1.0")
+int emu_modify_qp_1_0(ibv_qp_1_0*, ibv_qp_attr*, int) {
   return unsupported();
 }
-EMU_COMPAT("ibv_destroy_qp@IBVERBS_1.0") int emu_destroy_qp_1_0(ibv_qp_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_create_ah@IBVERBS_1.0") ibv_ah_1_0* emu_create_ah_1_0(ibv_pd_1_0*, ibv_ah_attr*) {
+EMU_COMPAT(emu_destroy_qp_1_0, "ibv_destroy_qp@IBVERBS_1.0") int emu_destroy_qp_1_0(ibv_qp_1_0*) {
+  return unsupported();
+}
+EMU_COMPAT(emu_create_ah_1_0, "ibv_create_ah@IBVERBS_1.0")
+ibv_ah_1_0* emu_create_ah_1_0(ibv_pd_1_0*, ibv_ah_attr*) {
   return unsupported_ptr<ibv_ah_1_0>();
 }
-EMU_COMPAT("ibv_destroy_ah@IBVERBS_1.0") int emu_destroy_ah_1_0(ibv_ah_1_0*) { return unsupported(); }
-EMU_COMPAT("ibv_attach_mcast@IBVERBS_1.0") int emu_attach_mcast_1_0(ibv_qp_1_0*, ibv_gid*, uint16_t) {
+EMU_COMPAT(emu_destroy_ah_1_0, "ibv_destroy_ah@IBVERBS_1.0") int emu_destroy_ah_1_0(ibv_ah_1_0*) {
   return unsupported();
 }
-EMU_COMPAT("ibv_detach_mcast@IBVERBS_1.0") int emu_detach_mcast_1_0(ibv_qp_1_0*, ibv_gid*, uint16_t) {
+EMU_COMPAT(emu_attach_mcast_1_0, "ibv_attach_mcast@IBVERBS_1.0")
+int emu_attach_mcast_1_0(ibv_qp_1_0*, ibv_gid*, uint16_t) {
+  return unsupported();
+}
+EMU_COMPAT(emu_detach_mcast_1_0, "ibv_detach_mcast@IBVERBS_1.0")
+int emu_detach_mcast_1_0(ibv_qp_1_0*, ibv_gid*, uint16_t) {
   return unsupported();
 }
 
@@ -479,7 +522,7 @@ EMU_EXPORT int ibv_read_ibdev_sysfs_file(char* buf, size_t size, verbs_sysfs_dev
 
 // The kernel commands of rdma-core's providers: no uverbs fd, so none can be issued. They
 // return the errno value as rdma-core's do (ibv_cmd_poll_cq: -1, like poll_cq).
-#define EMU_CMD(name, ...) \
+#define EMU_CMD(name, ...)                                                                                   \
   EMU_EXPORT int name(__VA_ARGS__) { return unsupported(); }
 EMU_CMD(ibv_cmd_get_context, verbs_context*, void*, size_t, void*, size_t)
 EMU_CMD(ibv_cmd_query_context, ibv_context*, ibv_command_buffer*)
@@ -494,7 +537,8 @@ EMU_CMD(ibv_cmd_dealloc_pd, ibv_pd*)
 EMU_CMD(ibv_cmd_open_xrcd, ibv_context*, verbs_xrcd*, int, ibv_xrcd_init_attr*, void*, size_t, void*, size_t)
 EMU_CMD(ibv_cmd_close_xrcd, verbs_xrcd*)
 EMU_CMD(ibv_cmd_reg_mr, ibv_pd*, void*, size_t, uint64_t, int, verbs_mr*, void*, size_t, void*, size_t)
-EMU_CMD(ibv_cmd_rereg_mr, verbs_mr*, uint32_t, void*, size_t, uint64_t, int, ibv_pd*, void*, size_t, void*, size_t)
+EMU_CMD(ibv_cmd_rereg_mr, verbs_mr*, uint32_t, void*, size_t, uint64_t, int, ibv_pd*, void*, size_t, void*,
+        size_t)
 EMU_CMD(ibv_cmd_dereg_mr, verbs_mr*)
 EMU_CMD(ibv_cmd_query_mr, ibv_pd*, verbs_mr*, uint32_t)
 EMU_CMD(ibv_cmd_advise_mr, ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t)
@@ -502,8 +546,8 @@ EMU_CMD(ibv_cmd_reg_dmabuf_mr, ibv_pd*, uint64_t, size_t, uint64_t, int, int, ve
 EMU_CMD(ibv_cmd_alloc_mw, ibv_pd*, ibv_mw_type, ibv_mw*, void*, size_t, void*, size_t)
 EMU_CMD(ibv_cmd_dealloc_mw, ibv_mw*)
 EMU_CMD(ibv_cmd_create_cq, ibv_context*, int, ibv_comp_channel*, int, ibv_cq*, void*, size_t, void*, size_t)
-EMU_CMD(ibv_cmd_create_cq_ex, ibv_context*, const ibv_cq_init_attr_ex*, verbs_cq*, void*, size_t, void*, size_t,
-        uint32_t)
+EMU_CMD(ibv_cmd_create_cq_ex, ibv_context*, const ibv_cq_init_attr_ex*, verbs_cq*, void*, size_t, void*,
+        size_t, uint32_t)
 EMU_CMD(ibv_cmd_req_notify_cq, ibv_cq*, int)
 EMU_CMD(ibv_cmd_resize_cq, ibv_cq*, int, void*, size_t, void*, size_t)
 EMU_CMD(ibv_cmd_destroy_cq, ibv_cq*)
@@ -534,7 +578,8 @@ EMU_CMD(ibv_cmd_create_wq, ibv_context*, ibv_wq_init_attr*, ibv_wq*, void*, size
 EMU_CMD(ibv_cmd_destroy_flow_action, verbs_flow_action*)
 EMU_CMD(ibv_cmd_modify_wq, ibv_wq*, ibv_wq_attr*, void*, size_t)
 EMU_CMD(ibv_cmd_destroy_wq, ibv_wq*)
-EMU_CMD(ibv_cmd_create_rwq_ind_table, ibv_context*, ibv_rwq_ind_table_init_attr*, ibv_rwq_ind_table*, void*, size_t)
+EMU_CMD(ibv_cmd_create_rwq_ind_table, ibv_context*, ibv_rwq_ind_table_init_attr*, ibv_rwq_ind_table*, void*,
+        size_t)
 EMU_CMD(ibv_cmd_destroy_rwq_ind_table, ibv_rwq_ind_table*)
 EMU_CMD(ibv_cmd_create_counters, ibv_context*, ibv_counters_init_attr*, verbs_counters*, ibv_command_buffer*)
 EMU_CMD(ibv_cmd_destroy_counters, verbs_counters*)

@@ -6,8 +6,8 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <endian.h>
-#include <signal.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -63,12 +63,12 @@ TEST_CASE("abi: ibv_get_sysfs_path returns the sysfs root", "[abi]") {
   const char* p = ibv_get_sysfs_path();
   REQUIRE(p != nullptr);
   CHECK(std::string(p) == (std::getenv("SYSFS_PATH") ? std::getenv("SYSFS_PATH") : "/sys"));
-  CHECK(ibv_get_sysfs_path() == p);  // a stable pointer, as callers keep it
+  CHECK(ibv_get_sysfs_path() == p); // a stable pointer, as callers keep it
 }
 
 TEST_CASE("abi: rate conversions are inverse and cover the newer IBTA rates", "[abi]") {
   CHECK(ibv_rate_to_mbps(IBV_RATE_2_5_GBPS) == 2500);
-  CHECK(ibv_rate_to_mbps(IBV_RATE_100_GBPS) == 103125);  // EDR 4x: 25.78125 Gbit/s a lane
+  CHECK(ibv_rate_to_mbps(IBV_RATE_100_GBPS) == 103125); // EDR 4x: 25.78125 Gbit/s a lane
   CHECK(ibv_rate_to_mbps(IBV_RATE_MAX) == -1);
   for (int r = IBV_RATE_2_5_GBPS; r <= IBV_RATE_1200_GBPS; ++r) {
     const int mbps = ibv_rate_to_mbps(static_cast<ibv_rate>(r));
@@ -174,12 +174,13 @@ TEST_CASE("abi: ibv_init_ah_from_wc answers to the sender, on the GID it was sen
   CHECK(ah.is_global == 0);
 
   ibv_grh grh{};
-  grh.dgid = make_v4_gid(10, 0, 0, 1);       // our address's GID
-  uint8_t want_index = 0;                      // the first entry that holds it (v1 before v2)
-  while (want_index < 16 && std::memcmp(gid_of(ctx, want_index).raw, grh.dgid.raw, 16) != 0) ++want_index;
+  grh.dgid = make_v4_gid(10, 0, 0, 1); // our address's GID
+  uint8_t want_index = 0;              // the first entry that holds it (v1 before v2)
+  while (want_index < 16 && std::memcmp(gid_of(ctx, want_index).raw, grh.dgid.raw, 16) != 0)
+    ++want_index;
   REQUIRE(want_index > 0);
   REQUIRE(want_index < 16);
-  grh.sgid = make_v4_gid(10, 0, 0, 2);       // the sender
+  grh.sgid = make_v4_gid(10, 0, 0, 2); // the sender
   grh.version_tclass_flow = htonl((6u << 28) | (0x2au << 20) | 0x12345u);
   wc.wc_flags = IBV_WC_GRH;
   REQUIRE(ibv_init_ah_from_wc(ctx, 1, &wc, &grh, &ah) == 0);
@@ -201,8 +202,8 @@ TEST_CASE("abi: ibv_init_ah_from_wc answers to the sender, on the GID it was sen
   REQUIRE(v2_index >= 0);
   ibv_grh v4{};
   auto* h = reinterpret_cast<uint8_t*>(&v4) + 20;
-  h[0] = 0x45;  // version 4, 5 words
-  h[1] = 0x60;  // TOS
+  h[0] = 0x45; // version 4, 5 words
+  h[1] = 0x60; // TOS
   const uint8_t src[4] = {10, 0, 0, 2}, dst[4] = {10, 0, 0, 1};
   std::memcpy(h + 12, src, 4);
   std::memcpy(h + 16, dst, 4);
@@ -213,7 +214,7 @@ TEST_CASE("abi: ibv_init_ah_from_wc answers to the sender, on the GID it was sen
   CHECK(std::memcmp(&ah.grh.dgid, &sender, sizeof sender) == 0);
   CHECK(ah.grh.traffic_class == 0x60);
 
-  grh.dgid = make_v4_gid(192, 0, 2, 1);  // not ours
+  grh.dgid = make_v4_gid(192, 0, 2, 1); // not ours
   errno = 0;
   CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, &grh, &ah) == -1);
   CHECK(errno == ENOENT);
@@ -233,7 +234,7 @@ TEST_CASE("abi: the provider interface fails cleanly without a kernel", "[abi]")
   errno = 0;
   CHECK(_verbs_init_and_alloc_context(nullptr, -1, 64, nullptr, 0) == nullptr);
   CHECK(errno == EOPNOTSUPP);
-  verbs_set_ops(nullptr, nullptr);      // no-ops on a context that cannot exist
+  verbs_set_ops(nullptr, nullptr); // no-ops on a context that cannot exist
   verbs_uninit_context(nullptr);
   CHECK(__ioctl_final_num_attrs(3, nullptr) == 3);
   errno = 0;
@@ -253,9 +254,12 @@ TEST_CASE("abi: the provider interface fails cleanly without a kernel", "[abi]")
       {"ibv_cmd_get_context", [] { return ibv_cmd_get_context(nullptr, nullptr, 0, nullptr, 0); }},
       {"ibv_cmd_alloc_pd", [] { return ibv_cmd_alloc_pd(nullptr, nullptr, nullptr, 0, nullptr, 0); }},
       {"ibv_cmd_dealloc_pd", [] { return ibv_cmd_dealloc_pd(nullptr); }},
-      {"ibv_cmd_reg_mr", [] { return ibv_cmd_reg_mr(nullptr, nullptr, 0, 0, 0, nullptr, nullptr, 0, nullptr, 0); }},
-      {"ibv_cmd_create_cq", [] { return ibv_cmd_create_cq(nullptr, 1, nullptr, 0, nullptr, nullptr, 0, nullptr, 0); }},
-      {"ibv_cmd_create_qp", [] { return ibv_cmd_create_qp(nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0); }},
+      {"ibv_cmd_reg_mr",
+       [] { return ibv_cmd_reg_mr(nullptr, nullptr, 0, 0, 0, nullptr, nullptr, 0, nullptr, 0); }},
+      {"ibv_cmd_create_cq",
+       [] { return ibv_cmd_create_cq(nullptr, 1, nullptr, 0, nullptr, nullptr, 0, nullptr, 0); }},
+      {"ibv_cmd_create_qp",
+       [] { return ibv_cmd_create_qp(nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0); }},
       {"ibv_cmd_modify_qp", [] { return ibv_cmd_modify_qp(nullptr, nullptr, 0, nullptr, 0); }},
       {"ibv_cmd_post_send", [] { return ibv_cmd_post_send(nullptr, nullptr, nullptr); }},
       {"ibv_cmd_post_recv", [] { return ibv_cmd_post_recv(nullptr, nullptr, nullptr); }},
@@ -360,7 +364,8 @@ TEST_CASE("tb: an RDMA WRITE that moves nothing is announced once per process on
   for (;;) {
     pollfd p{err[0], POLLIN, 0};
     const int ms = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count());
     if (ms <= 0 || poll(&p, 1, ms) <= 0) break;
     char buf[512];
     const ssize_t r = read(err[0], buf, sizeof buf);
@@ -374,9 +379,11 @@ TEST_CASE("tb: an RDMA WRITE that moves nothing is announced once per process on
   INFO(text);
   REQUIRE(WIFEXITED(st));
   REQUIRE(WEXITSTATUS(st) == 0);
-  const std::string warning = "tbverbs-emu: RDMA WRITE on Thunderbolt (rdma_en1) is accepted and completes but moves nothing";
+  const std::string warning =
+      "tbverbs-emu: RDMA WRITE on Thunderbolt (rdma_en1) is accepted and completes but moves nothing";
   size_t count = 0;
-  for (size_t at = text.find(warning); at != std::string::npos; at = text.find(warning, at + 1)) ++count;
+  for (size_t at = text.find(warning); at != std::string::npos; at = text.find(warning, at + 1))
+    ++count;
   CHECK(count == 1);
   CHECK(text.find("(ds4)") != std::string::npos);
 }
