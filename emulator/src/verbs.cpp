@@ -219,6 +219,7 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_op;
   v.create_qp_ex = emu_create_qp_ex;
+  v.create_cq_ex = emu_create_cq_ex;
   v.query_device_ex = emu_query_device_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
