@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -540,6 +541,14 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
   if (tb && is_write) {
     // As reported for Apple's driver (ds4): RDMA WRITE is accepted and completes, but nothing moves.
+    // The driver says nothing; we say it once per process (issue 14), so a benchmark's
+    // figure for writes is not mistaken for a transfer.
+    static std::atomic_flag warned = ATOMIC_FLAG_INIT;
+    if (!warned.test_and_set(std::memory_order_relaxed))
+      std::fprintf(stderr,
+                   "tbverbs-emu: RDMA WRITE on Thunderbolt (%s) is accepted and completes but moves nothing, "
+                   "as reported for Apple's driver (ds4); this is printed once per process\n",
+                   f.devices[q->ctx->dev].name.c_str());
     complete_sent(q, op);
     return Tx::Done;
   }

@@ -338,7 +338,11 @@ inline int run_local(const LocalOptions& o) {
   sigemptyset(&ign.sa_mask);
   ::sigaction(SIGPIPE, &ign, &old_pipe);
   auto flush_line = [&](int i, const std::string& line) {
-    std::printf("[rank %d] %s\n", i, line.c_str());
+    // A rank names itself at the start of its own lines ("rank 3: FAILED ..."), for runs by hand;
+    // under the launcher the prefix already says it ("[rank 3] FAILED ...", not "[rank 3] rank 3:").
+    const std::string own = "rank " + std::to_string(i) + ": ";
+    const char* text = line.compare(0, own.size(), own) == 0 ? line.c_str() + own.size() : line.c_str();
+    std::printf("[rank %d] %s\n", i, text);
     std::fflush(stdout);
   };
   bool killed = false, stopped_reaped = false;

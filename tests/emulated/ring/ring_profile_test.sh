@@ -68,9 +68,9 @@ json.dump(f, open(p, "w"))
 PY
     TBVERBS_EMU_STATE_DIR="$WORK/state" run --local "$N" --profile rdma-core-ib --fabric "$WORK/fabric.json" "$@"
     [ $RC -ne 0 ] || fail "the launcher succeeded on a port without a LID"
-    expect "rank 1: FAILED during .*PORT_INIT"
+    expect "\[rank 1\] FAILED during .*PORT_INIT"
     expect "\[rank 1\]   cause: No subnet manager"
-    expect "rank 0: FAILED during .*rank 1 aborted: state PORT_INIT"
+    expect "\[rank 0\] FAILED during .*rank 1 aborted: state PORT_INIT"
     expect_count "cause: No subnet manager" "$N"
     expect "opensm"
     expect_not "HUNG"

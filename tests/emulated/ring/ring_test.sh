@@ -152,7 +152,7 @@ case "$CASE" in
     kill_t=$(sed -nE "s/^launcher: killing rank $victim .* at ([0-9.]+) s.*/\1/p" "$OUT")
     for ((r = 0; r < n; r++)); do
       [ $r -eq "$victim" ] && continue
-      grep -Eq "^\[rank $r\] rank $r: FAILED during .*peer lost.*rank $victim" "$OUT" ||
+      grep -Eq "^\[rank $r\] FAILED during .*peer lost.*rank $victim" "$OUT" ||
         fail "rank $r did not report 'peer lost' naming rank $victim"
       t=$(sed -nE "s/^launcher: rank $r exited with status [1-9][0-9]* at ([0-9.]+) s/\1/p" "$OUT")
       [ -n "$t" ] || fail "rank $r did not exit with a non-zero status"
@@ -170,7 +170,7 @@ case "$CASE" in
     [ $RC -ne 0 ] || fail "launcher exited 0 although rank 1 was killed"
     expect_not "HUNG"
     for r in 0 2; do
-      grep -Eq "^\[rank $r\] rank $r: FAILED during setting up the ring: link warm-up: peer lost: link [0-9]+ to rank 1" "$OUT" ||
+      grep -Eq "^\[rank $r\] FAILED during setting up the ring: link warm-up: peer lost: link [0-9]+ to rank 1" "$OUT" ||
         fail "rank $r did not report the lost peer at the link warm-up"
     done
     echo "ok: a rank killed during the warm-up is reported at the link warm-up as peer lost, naming it"
@@ -192,12 +192,12 @@ case "$CASE" in
     # may time out on a neighbour stuck behind the stopped one.)
     # The launcher kills the stopped rank only after a first rank failed, so a "deadline passed" line
     # can only come from a deadline, never from the kill.
-    expect "^\[rank [0-9]+\] rank [0-9]+: FAILED during .*deadline passed"
+    expect "^\[rank [0-9]+\] FAILED during .*deadline passed"
     expect "launcher: a rank gave up at [0-9.]+ s; killing the stopped rank $victim"
     stop_t=$(sed -nE "s/^launcher: stopping rank $victim .* at ([0-9.]+) s.*/\1/p" "$OUT")
     for ((r = 0; r < n; r++)); do
       [ $r -eq "$victim" ] && continue
-      grep -Eq "^\[rank $r\] rank $r: FAILED during .*(deadline passed|aborted|peer lost)" "$OUT" ||
+      grep -Eq "^\[rank $r\] FAILED during .*(deadline passed|aborted|peer lost)" "$OUT" ||
         fail "rank $r did not report the deadline, another rank's abort or the lost peer"
       t=$(sed -nE "s/^launcher: rank $r exited with status [1-9][0-9]* at ([0-9.]+) s/\1/p" "$OUT")
       [ -n "$t" ] || fail "rank $r did not exit with a non-zero status"
@@ -354,7 +354,7 @@ case "$CASE" in
     "$CLI" -f "$FABRIC" fault drop --next-on host1 >/dev/null || fail "cannot inject the drop fault"
     run --local "$n" --fabric "$FABRIC" "$@"
     [ $RC -eq 0 ] || fail "launcher exited $RC"
-    expect "^\[rank 1\] rank 1: link [0-9]+: warm-up round 1 failed \(.*delivered nothing\); recreating the QP"
+    expect "^\[rank 1\] link [0-9]+: warm-up round 1 failed \(.*delivered nothing\); recreating the QP"
     expect "verified \(messages of up to [0-9]+ bytes both ways, round 2\)"
     check_rows 1
     echo "ok: the dropped direction was detected by the warm-up, the link recreated, the run verified"
@@ -367,11 +367,13 @@ case "$CASE" in
     "$CLI" -f "$FABRIC" clear-ipv4 host1 rdma_en1 >/dev/null || fail "cannot clear the address"
     run --local "$n" --fabric "$FABRIC" --gid-wait 300 "$@"
     [ $RC -ne 0 ] || fail "launcher exited 0 without an IPv4 address"
-    expect "^\[rank 1\] rank 1: FAILED during setting up the ring: select GID: no IPv4-mapped GID.*only fe80:: entries"
+    expect "^\[rank 1\] FAILED during setting up the ring: select GID: no IPv4-mapped GID.*only fe80:: entries"
     expect "^\[rank 1\]   remedy: .*ifconfig enN inet"
+    # Issue 13: the launcher's prefix names the rank once ("[rank 3] rank 3:" read badly).
+    expect_not "^\[rank ([0-9]+)\] rank \1: "
     for ((r = 0; r < n; r++)); do
       [ $r -eq 1 ] && continue
-      grep -Eq "^\[rank $r\] rank $r: FAILED during .*rank 1 aborted" "$OUT" || fail "rank $r did not name rank 1"
+      grep -Eq "^\[rank $r\] FAILED during .*rank 1 aborted" "$OUT" || fail "rank $r did not name rank 1"
     done
     expect_not "HUNG"
     echo "ok: no IPv4 address -> the diagnosis with its remedy on rank 1, the others name rank 1"
@@ -382,15 +384,15 @@ case "$CASE" in
     "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
     run --local 2 --fabric "$FABRIC" "$@"
     [ $RC -eq 0 ] || fail "first run exited $RC"
-    expect "^\[rank 1\] rank 1: left cable 0 to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.2 "
-    expect "^\[rank 0\] rank 0: right cable 0 to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
+    expect "^\[rank 1\] left cable 0 to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.2 "
+    expect "^\[rank 0\] right cable 0 to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     cp "$OUT" "$WORK/first.txt"
     "$CLI" -f "$FABRIC" set-ipv4 host0 rdma_en2 10.77.0.1/30 >/dev/null || fail "set-ipv4 host0"
     "$CLI" -f "$FABRIC" set-ipv4 host1 rdma_en1 10.77.0.2/30 >/dev/null || fail "set-ipv4 host1"
     run --local 2 --fabric "$FABRIC" "$@"
     [ $RC -eq 0 ] || fail "second run exited $RC"
-    expect "^\[rank 1\] rank 1: left cable 0 to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.77\.0\.2 "
-    expect "^\[rank 0\] rank 0: right cable 0 to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.77\.0\.1 "
+    expect "^\[rank 1\] left cable 0 to rank 0: rdma_en1 port 1 GID\[1\] ::ffff:10\.77\.0\.2 "
+    expect "^\[rank 0\] right cable 0 to rank 1: rdma_en2 port 1 GID\[1\] ::ffff:10\.77\.0\.1 "
     expect_not "10\.99\.0\.[12]"
     check_rows 1 2
     echo "ok: the second run selected the new GIDs ::ffff:10.77.0.1 / ::ffff:10.77.0.2"
@@ -405,8 +407,8 @@ case "$CASE" in
     [ $RC -ne 0 ] || fail "launcher exited 0 although rank 1 -> rank 0 never delivered in time"
     expect_count "warm-up round [12] failed \(rank 1 -> rank 0 delivered nothing\); recreating" 8
     expect_not "warm-up round 3 failed"
-    expect "^\[rank 0\] rank 0: FAILED during setting up the ring: link warm-up: deadline passed .*link (0|64) to rank 1: warm-up failed 3 times with a fresh QP each time \(rank 1 -> rank 0 delivered nothing\)"
-    expect "^\[rank 1\] rank 1: FAILED during setting up the ring: link warm-up: deadline passed .*link (0|64) to rank 0: warm-up failed 3 times"
+    expect "^\[rank 0\] FAILED during setting up the ring: link warm-up: deadline passed .*link (0|64) to rank 1: warm-up failed 3 times with a fresh QP each time \(rank 1 -> rank 0 delivered nothing\)"
+    expect "^\[rank 1\] FAILED during setting up the ring: link warm-up: deadline passed .*link (0|64) to rank 0: warm-up failed 3 times"
     expect_not "HUNG"
     echo "ok: three attempts per link, then a link_warmup error naming the peer and the direction"
     ;;
@@ -421,7 +423,7 @@ case "$CASE" in
     run --local "$n" --no-device-file "${extra[@]}" "$@"
     [ $RC -eq 0 ] || fail "launcher exited $RC"
     expect "devices \(none: discovered\)"
-    expect_count "rank [0-9]+: ring order $order \(discovered, no device file\)" "$n"
+    expect_count "^\[rank [0-9]+\] ring order $order \(discovered, no device file\)" "$n"
     check_rows 1 "$n"
     expect_not "MISMATCH|FAILED"
     echo "ok: $n ranks without a device file, ring order $order discovered, verified"
