@@ -204,9 +204,15 @@ EMU_EXPORT void ibv_copy_path_rec_to_kern(ib_user_path_rec* dst, ibv_sa_path_rec
 EMU_EXPORT int ibv_dontfork_range(void*, size_t) { return 0; }
 EMU_EXPORT int ibv_dofork_range(void*, size_t) { return 0; }
 
+// rdma-core's GID type reading (verbs.cpp): 0 = IB/RoCE v1, 1 = RoCE v2.
+extern "C" int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type);
+
 // The address of the sender of a received UD message, as libibverbs(3) documents it: the
-// sender's LID and SL from the completion, its GID (the GRH's source) and our GID index
-// that it was sent to (the GRH's destination) when the completion says a GRH is present.
+// sender's LID and SL from the completion, and when the completion says a GRH is present, the
+// sender's GID (the GRH's source) and our GID index it was sent to (its destination). On an
+// Ethernet port a RoCE v2 message over IPv4 carries an IPv4 header in the GRH's last 20
+// bytes instead (version 4 there, not 6 in the first nibble), as rdma-core reads it: the GIDs
+// are the IPv4-mapped addresses and our index is the RoCE v2 entry of the destination.
 EMU_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh,
                                    ibv_ah_attr* ah_attr) {
   if (!context || !wc || !ah_attr || ((wc->wc_flags & IBV_WC_GRH) && !grh)) {
@@ -224,21 +230,37 @@ EMU_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_w
     errno = rc;
     return -1;
   }
+  const uint32_t flow = ntohl(grh->version_tclass_flow);
+  const auto* raw = reinterpret_cast<const uint8_t*>(grh);
+  const bool ipv4 = pa.link_layer == IBV_LINK_LAYER_ETHERNET && (flow >> 28) != 6 && (raw[20] >> 4) == 4;
+  ibv_gid sender{}, dest{};
+  if (ipv4) {
+    // IPv4 header at byte 20: TOS at +1, source address at +12, destination at +16.
+    sender.raw[10] = sender.raw[11] = dest.raw[10] = dest.raw[11] = 0xff;
+    std::memcpy(sender.raw + 12, raw + 20 + 12, 4);
+    std::memcpy(dest.raw + 12, raw + 20 + 16, 4);
+    ah_attr->grh.traffic_class = raw[21];
+  } else {
+    sender = grh->sgid;
+    dest = grh->dgid;
+    ah_attr->grh.flow_label = flow & 0xFFFFF;
+    ah_attr->grh.traffic_class = static_cast<uint8_t>((flow >> 20) & 0xFF);
+  }
   int index = -1;
   for (int i = 0; i < pa.gid_tbl_len && index < 0; ++i) {
     ibv_gid g;
-    if (ibv_query_gid(context, port_num, i, &g) == 0 && std::memcmp(&g, &grh->dgid, sizeof g) == 0) index = i;
+    if (ibv_query_gid(context, port_num, i, &g) != 0 || std::memcmp(&g, &dest, sizeof g) != 0) continue;
+    int type = 0;
+    if (ipv4 && (ibv_query_gid_type(context, port_num, static_cast<unsigned>(i), &type) != 0 || type != 1)) continue;
+    index = i;
   }
   if (index < 0) {
     errno = ENOENT;  // the message was addressed to a GID this port does not hold
     return -1;
   }
-  const uint32_t flow = ntohl(grh->version_tclass_flow);
   ah_attr->is_global = 1;
-  ah_attr->grh.dgid = grh->sgid;
+  ah_attr->grh.dgid = sender;
   ah_attr->grh.sgid_index = static_cast<uint8_t>(index);
-  ah_attr->grh.flow_label = flow & 0xFFFFF;
-  ah_attr->grh.traffic_class = static_cast<uint8_t>((flow >> 20) & 0xFF);
   ah_attr->grh.hop_limit = 0xFF;  // the reply may cross as many routers as the request did
   return 0;
 }

@@ -32,6 +32,7 @@ void ibv_copy_path_rec_from_kern(ibv_sa_path_rec*, ib_user_path_rec*);
 void ibv_copy_path_rec_to_kern(ib_user_path_rec*, ibv_sa_path_rec*);
 int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6], uint16_t*);
 int ibv_dontfork_range(void*, size_t);
+int ibv_query_gid_type(ibv_context*, uint8_t, unsigned int, int*);
 int ibv_dofork_range(void*, size_t);
 extern bool verbs_allow_disassociate_destroy;
 void* _verbs_init_and_alloc_context(ibv_device*, int, size_t, verbs_context*, uint32_t);
@@ -187,6 +188,30 @@ TEST_CASE("abi: ibv_init_ah_from_wc answers to the sender, on the GID it was sen
   CHECK(std::memcmp(&ah.grh.dgid, &grh.sgid, sizeof grh.sgid) == 0);
   CHECK(ah.grh.flow_label == 0x12345u);
   CHECK(ah.grh.traffic_class == 0x2a);
+
+  // RoCE v2 over IPv4: an IPv4 header in the GRH's last 20 bytes; the reply goes out on
+  // the RoCE v2 entry of our address.
+  int v2_index = -1;
+  for (int i = 0; i < 16 && v2_index < 0; ++i) {
+    int type = -1;
+    if (std::memcmp(gid_of(ctx, i).raw, make_v4_gid(10, 0, 0, 1).raw, 16) == 0 &&
+        ibv_query_gid_type(ctx, 1, static_cast<unsigned>(i), &type) == 0 && type == 1)
+      v2_index = i;
+  }
+  REQUIRE(v2_index >= 0);
+  ibv_grh v4{};
+  auto* h = reinterpret_cast<uint8_t*>(&v4) + 20;
+  h[0] = 0x45;  // version 4, 5 words
+  h[1] = 0x60;  // TOS
+  const uint8_t src[4] = {10, 0, 0, 2}, dst[4] = {10, 0, 0, 1};
+  std::memcpy(h + 12, src, 4);
+  std::memcpy(h + 16, dst, 4);
+  REQUIRE(ibv_init_ah_from_wc(ctx, 1, &wc, &v4, &ah) == 0);
+  CHECK(ah.is_global == 1);
+  CHECK(ah.grh.sgid_index == v2_index);
+  const ibv_gid sender = make_v4_gid(10, 0, 0, 2);
+  CHECK(std::memcmp(&ah.grh.dgid, &sender, sizeof sender) == 0);
+  CHECK(ah.grh.traffic_class == 0x60);
 
   grh.dgid = make_v4_gid(192, 0, 2, 1);  // not ours
   errno = 0;
