@@ -49,7 +49,13 @@ struct EmuChannel {
 };
 
 struct EmuCq {
-  ibv_cq cq;
+  // ibv_cq_ex starts with ibv_cq's fields (rdma-core's layout): a CQ made by ibv_create_cq_ex
+  // is the same object seen through its extended view.
+  union {
+    ibv_cq cq;
+    ibv_cq_ex cqx;
+  };
+  ibv_wc cur{};  // extended CQ: the completion start_poll/next_poll handed out, read by read_*
   Fabric* fab;
   int host;
   int dev;
@@ -126,6 +132,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc);
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only);
 // The extended QP API (verbs_ex.cpp): verbs_context.create_qp_ex.
 ibv_qp* emu_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+ibv_cq_ex* emu_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
 // verbs_context.query_device_ex (verbs_ex.cpp).
 int emu_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                         size_t attr_size);

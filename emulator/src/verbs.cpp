@@ -219,6 +219,7 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_op;
   v.create_qp_ex = emu_create_qp_ex;
+  v.create_cq_ex = emu_create_cq_ex;
   v.query_device_ex = emu_query_device_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
@@ -1164,17 +1165,58 @@ EMU_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 EMU_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 0; }
 
-// ---------------------------------------------------------------- unsupported objects
+// ---------------------------------------------------------------- address handles, and unsupported objects
 
-EMU_EXPORT ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
-  errno = EOPNOTSUPP;  // no UD QPs, so no address handles
-  return nullptr;
+// Address handles are created and checked (a port of the device, a GID index inside its table,
+// a GRH on RoCE, as RoCE providers require) and kept, for programs that build them; UD QPs, the
+// only users of an AH, are not modelled, so nothing sends through one. Thunderbolt: UC only, no AH.
+namespace {
+struct EmuAh {
+  ibv_ah ah;
+  ibv_ah_attr attr;
+};
+}  // namespace
+
+EMU_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  EmuContext* c = ectx(pd->context);
+  if (int e = faulted(c, "ibv_create_ah")) {
+    errno = e;
+    return nullptr;
+  }
+  const Profile prof = c->fab->devices[c->dev].profile;
+  if (prof == Profile::Thunderbolt) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  const int gp = gport(c, attr->port_num);
+  if (gp < 0 || (prof != Profile::RdmaCoreIb && !attr->is_global) ||
+      (attr->is_global && attr->grh.sgid_index >= gid_table_len(*c->fab, gp))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* a = new (std::nothrow) EmuAh{};
+  if (!a) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  a->ah.context = pd->context;
+  a->ah.pd = pd;
+  a->attr = *attr;
+  return &a->ah;
 }
 EMU_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
   errno = EOPNOTSUPP;
   return nullptr;
 }
-EMU_EXPORT int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
+EMU_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
+  if (!ah) return EINVAL;
+  delete reinterpret_cast<EmuAh*>(ah);
+  return 0;
+}
 // Sharing objects between processes goes through the kernel's command fd (cmd_fd), which
 // an emulated context does not have; dma-buf registration needs a kernel exporter. Nothing
 // can be imported, so the unimport calls have nothing to release.

@@ -152,9 +152,76 @@ uint64_t supported_send_ops(ibv_qp_type t) {
   return ops;
 }
 
+// The extended CQ: start_poll/next_poll take one completion through the ordinary poll path
+// into EmuCq::cur, whose fields the read_* callbacks return; end_poll has nothing to release.
+EmuCq* cq_of(ibv_cq_ex* x) { return reinterpret_cast<EmuCq*>(x); }
+
+int take_one(ibv_cq_ex* x) {
+  EmuCq* c = cq_of(x);
+  int n = emu_poll_cq(&c->cq, 1, &c->cur);
+  if (n < 0) return -n;
+  if (n == 0) return ENOENT;
+  x->status = c->cur.status;
+  x->wr_id = c->cur.wr_id;
+  return 0;
+}
+int cq_start_poll(ibv_cq_ex* x, ibv_poll_cq_attr* attr) { return attr && attr->comp_mask ? EINVAL : take_one(x); }
+int cq_next_poll(ibv_cq_ex* x) { return take_one(x); }
+void cq_end_poll(ibv_cq_ex*) {}
+ibv_wc_opcode cq_read_opcode(ibv_cq_ex* x) { return cq_of(x)->cur.opcode; }
+uint32_t cq_read_vendor_err(ibv_cq_ex* x) { return cq_of(x)->cur.vendor_err; }
+uint32_t cq_read_byte_len(ibv_cq_ex* x) { return cq_of(x)->cur.byte_len; }
+__be32 cq_read_imm_data(ibv_cq_ex* x) { return cq_of(x)->cur.imm_data; }
+uint32_t cq_read_qp_num(ibv_cq_ex* x) { return cq_of(x)->cur.qp_num; }
+uint32_t cq_read_src_qp(ibv_cq_ex* x) { return cq_of(x)->cur.src_qp; }
+unsigned int cq_read_wc_flags(ibv_cq_ex* x) { return cq_of(x)->cur.wc_flags; }
+uint32_t cq_read_slid(ibv_cq_ex* x) { return cq_of(x)->cur.slid; }
+uint8_t cq_read_sl(ibv_cq_ex* x) { return cq_of(x)->cur.sl; }
+uint8_t cq_read_dlid_path_bits(ibv_cq_ex* x) { return cq_of(x)->cur.dlid_path_bits; }
+
 }  // namespace
 
 namespace emu {
+
+// ibv_create_cq_ex: the fields of ibv_wc (IBV_WC_STANDARD_FLAGS) and the single-threaded hint.
+// Timestamps, CVLAN, flow tags, tag matching and a parent domain are not modelled: EOPNOTSUPP,
+// which callers take as absence.
+ibv_cq_ex* emu_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
+  if (!context || !attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((attr->wc_flags & ~static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS)) || (attr->comp_mask & ~IBV_CQ_INIT_ATTR_MASK_FLAGS) ||
+      ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~IBV_CREATE_CQ_ATTR_SINGLE_THREADED))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (attr->cqe > static_cast<uint32_t>(INT32_MAX) || attr->comp_vector > static_cast<uint32_t>(INT32_MAX)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_cq* cq = ibv_create_cq(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
+                             static_cast<int>(attr->comp_vector));
+  if (!cq) return nullptr;
+  ibv_cq_ex& x = reinterpret_cast<EmuCq*>(cq)->cqx;
+  // The extended fields after ibv_cq's: every callback not set below stays NULL.
+  std::memset(reinterpret_cast<char*>(&x) + offsetof(ibv_cq_ex, comp_mask), 0,
+              sizeof x - offsetof(ibv_cq_ex, comp_mask));
+  x.start_poll = cq_start_poll;
+  x.next_poll = cq_next_poll;
+  x.end_poll = cq_end_poll;
+  x.read_opcode = cq_read_opcode;
+  x.read_vendor_err = cq_read_vendor_err;
+  x.read_byte_len = cq_read_byte_len;
+  x.read_imm_data = cq_read_imm_data;
+  x.read_qp_num = cq_read_qp_num;
+  x.read_src_qp = cq_read_src_qp;
+  x.read_wc_flags = cq_read_wc_flags;
+  x.read_slid = cq_read_slid;
+  x.read_sl = cq_read_sl;
+  x.read_dlid_path_bits = cq_read_dlid_path_bits;
+  return &x;
+}
 
 // ibv_query_device_ex: rdma-core's inline falls back to ibv_query_device (and leaves every
 // extended field 0, phys_port_cnt_ex too) only for a provider without this op. Nothing the
