@@ -352,3 +352,142 @@ TEST_CASE("extended send API on Thunderbolt: absent (our assumption: TN3205 docu
   CHECK(create_ex(s, IBV_QPT_UC, IBV_QP_EX_WITH_SEND) == nullptr);
   CHECK(errno == EOPNOTSUPP);
 }
+
+TEST_CASE("extended CQ: start/next/end polling and the read callbacks; what is not modelled is refused",
+          "[rc][cqex]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC));
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 64;
+  ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+  ibv_cq_ex* cx = ibv_create_cq_ex(b.ctx, &ca);
+  REQUIRE(cx);
+  // b's QP completes into the extended CQ.
+  ibv_destroy_qp(b.qp);
+  ibv_destroy_cq(b.cq);
+  b.cq = ibv_cq_ex_to_cq(cx);
+  REQUIRE(b.create_qp());
+  REQUIRE(connect_pair(a, b));
+  ibv_poll_cq_attr pa{};
+  CHECK(ibv_start_poll(cx, &pa) == ENOENT);  // empty: nothing to end
+  REQUIRE(post_recv(b, 21, 0, 256) == 0);
+  REQUIRE(post_recv(b, 22, 256, 256) == 0);
+  REQUIRE(post_send(a, 1, 0, 100, IBV_WR_SEND, IBV_SEND_SIGNALED) == 0);
+  REQUIRE(post_send(a, 2, 0, 7, IBV_WR_SEND_WITH_IMM, IBV_SEND_SIGNALED, 0, 0, 0, htonl(0xabcd)) == 0);
+  ibv_wc wc{};
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+  }
+  int r = ENOENT;
+  for (int i = 0; i < 2000 && r == ENOENT; ++i) r = ibv_start_poll(cx, &pa);
+  REQUIRE(r == 0);
+  CHECK(cx->status == IBV_WC_SUCCESS);
+  CHECK(cx->wr_id == 21);
+  CHECK(ibv_wc_read_opcode(cx) == IBV_WC_RECV);
+  CHECK(ibv_wc_read_byte_len(cx) == 100);
+  CHECK(ibv_wc_read_qp_num(cx) == b.qp->qp_num);
+  CHECK(ibv_wc_read_src_qp(cx) == a.qp->qp_num);
+  CHECK((ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM) == 0);
+  REQUIRE(ibv_next_poll(cx) == 0);
+  CHECK(cx->wr_id == 22);
+  CHECK(ibv_wc_read_byte_len(cx) == 7);
+  CHECK((ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM) != 0);
+  CHECK(ntohl(ibv_wc_read_imm_data(cx)) == 0xabcd);
+  CHECK(ibv_next_poll(cx) == ENOENT);
+  ibv_end_poll(cx);
+
+  ca.wc_flags = static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  errno = 0;
+  CHECK(ibv_create_cq_ex(b.ctx, &ca) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+}
+
+TEST_CASE("ibv_rereg_mr: access, range and PD change in place; a QP reset leaves no completions",
+          "[rc][rereg]") {
+  TempFabric f(three_hosts("rdma-core-rc"));
+  Side a, b;
+  REQUIRE(a.open("hostA", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_RC, 1 << 16, 64, kRemoteRw));
+  REQUIRE(connect_rw(a, b));
+  const uint64_t base = reinterpret_cast<uint64_t>(b.buf.data());
+  ibv_wc wc{};
+  CHECK(ibv_rereg_mr(b.mr, 0, nullptr, nullptr, 0, 0) == IBV_REREG_MR_ERR_INPUT);  // no change asked
+  CHECK(errno == EINVAL);
+
+  SECTION("access: without REMOTE_WRITE a WRITE is refused by the responder, the keys stay") {
+    const uint32_t rkey = b.mr->rkey;
+    REQUIRE(ibv_rereg_mr(b.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE) == 0);
+    CHECK(b.mr->rkey == rkey);
+    REQUIRE(post_send(a, 1, 0, 64, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 0, base, rkey) == 0);
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+  }
+  SECTION("range: new keys, a receive posted into the old range fails; RESET empties the CQs") {
+    std::vector<char> other(4096, 0);
+    const uint32_t old = b.mr->lkey;
+    REQUIRE(post_recv(b, 5, 0, 256) == 0);
+    REQUIRE(ibv_rereg_mr(b.mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, other.data(), other.size(), 0) == 0);
+    CHECK(b.mr->lkey != old);
+    CHECK(b.mr->addr == other.data());
+    REQUIRE(post_send(a, 1, 0, 64, IBV_WR_SEND, IBV_SEND_SIGNALED) == 0);
+    REQUIRE(poll_one(b.cq, &wc));
+    CHECK((wc.wr_id == 5 && wc.status == IBV_WC_LOC_PROT_ERR));
+    REQUIRE(poll_one(a.cq, &wc));
+    CHECK(wc.status == IBV_WC_REM_OP_ERR);
+    // a's QP is in ERR: what it is given now is flushed into its CQ, and RESET removes that.
+    REQUIRE(post_send(a, 2, 0, 64, IBV_WR_SEND, IBV_SEND_SIGNALED) == 0);
+    ibv_qp_attr qa{};
+    qa.qp_state = IBV_QPS_RESET;
+    REQUIRE(ibv_modify_qp(a.qp, &qa, IBV_QP_STATE) == 0);
+    CHECK(quiet(a.cq, 20));
+  }
+  SECTION("PD: a region of another PD than the QP's is refused at the receive") {
+    ibv_pd* pd2 = ibv_alloc_pd(b.ctx);
+    REQUIRE(pd2);
+    REQUIRE(ibv_rereg_mr(b.mr, IBV_REREG_MR_CHANGE_PD, pd2, nullptr, 0, 0) == 0);
+    CHECK(b.mr->pd == pd2);
+    CHECK(ibv_dealloc_pd(pd2) == EBUSY);  // the region now counts on it
+    REQUIRE(post_recv(b, 6, 0, 256) == 0);
+    REQUIRE(post_send(a, 1, 0, 64, IBV_WR_SEND, IBV_SEND_SIGNALED) == 0);
+    REQUIRE(poll_one(b.cq, &wc));
+    CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+    REQUIRE(ibv_rereg_mr(b.mr, IBV_REREG_MR_CHANGE_PD, b.pd, nullptr, 0, 0) == 0);
+    CHECK(ibv_dealloc_pd(pd2) == 0);
+  }
+}
+
+TEST_CASE("address handles: checked and kept on RoCE, absent on Thunderbolt", "[ah]") {
+  {
+    TempFabric f(three_hosts("rdma-core-rc"));
+    Side s;
+    REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_RC));
+    ibv_ah_attr aa{};
+    aa.port_num = 1;
+    aa.is_global = 1;
+    aa.grh.dgid = gid_of(s.ctx, 1);
+    aa.grh.sgid_index = 1;
+    ibv_ah* ah = ibv_create_ah(s.pd, &aa);
+    REQUIRE(ah);
+    CHECK(ibv_destroy_ah(ah) == 0);
+    aa.is_global = 0;  // RoCE needs a GRH
+    errno = 0;
+    CHECK(ibv_create_ah(s.pd, &aa) == nullptr);
+    CHECK(errno == EINVAL);
+    aa.is_global = 1;
+    aa.grh.sgid_index = 200;  // outside the GID table
+    CHECK(ibv_create_ah(s.pd, &aa) == nullptr);
+    CHECK(errno == EINVAL);
+  }
+  TempFabric f(three_hosts("thunderbolt"));
+  Side s;
+  REQUIRE(s.open("hostA", "rdma_en1", IBV_QPT_UC));
+  ibv_ah_attr aa{};
+  aa.port_num = 1;
+  aa.is_global = 1;
+  errno = 0;
+  CHECK(ibv_create_ah(s.pd, &aa) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+}
