@@ -78,3 +78,36 @@ set(TBVERBS_EMU_QUIRK_VALUES
     macos=26.3 macos=26.2
     mr_access=any mr_access=local_write_only mr_access=remote_required
     completion_channels=off completion_channels=on)
+
+# The environment an UNinstrumented program (a Debian tool, a program built by a plain `c++`)
+# needs to load this build's emulator: in an AddressSanitizer build, the sanitizer runtimes
+# preloaded (they must come first) and leak checking off (the program's leaks are not ours).
+# Empty otherwise. Sets `out` to the list of NAME=VALUE entries. `tsan_out` is set to TRUE in a
+# ThreadSanitizer build: TSan cannot be preloaded, so such programs cannot load the emulator.
+function(tbverbs_uninstrumented_env out tsan_out)
+  set(_env "")
+  if("${CMAKE_CXX_FLAGS} ${CMAKE_SHARED_LINKER_FLAGS}" MATCHES "-fsanitize=[^ ]*address")
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      set(_libs libasan.so)
+      if("${CMAKE_CXX_FLAGS}" MATCHES "-fsanitize=[^ ]*undefined")
+        list(APPEND _libs libubsan.so)
+      endif()
+    else()
+      set(_libs libclang_rt.asan-${CMAKE_SYSTEM_PROCESSOR}.so)
+    endif()
+    set(_preload "")
+    foreach(_lib IN LISTS _libs)
+      execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${_lib}
+                      OUTPUT_VARIABLE _path OUTPUT_STRIP_TRAILING_WHITESPACE)
+      list(APPEND _preload ${_path})
+    endforeach()
+    list(JOIN _preload ":" _preload)
+    set(_env "LD_PRELOAD=${_preload}" "ASAN_OPTIONS=detect_leaks=0")
+  endif()
+  set(${out} "${_env}" PARENT_SCOPE)
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*thread")
+    set(${tsan_out} TRUE PARENT_SCOPE)
+  else()
+    set(${tsan_out} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
