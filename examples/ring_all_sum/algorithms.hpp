@@ -275,6 +275,20 @@ inline Result<void> Ring::all_sum(std::size_t count, DType t, bool in_place,
   }
 }
 
+template <class Describe, class OnBatch>
+inline Result<bool> Ring::sleep_on_links(std::span<tbverbs::Link* const> sleepers, std::span<tbverbs::WorkCompletion> wc,
+                                         const Describe& describe_wait, const OnBatch& on_batch) {
+  std::size_t which = 0;
+  auto got = tbverbs::wait_any(sleepers, wc, which, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
+  if (!got) {
+    where_ = "waiting for completions of " + describe_wait();
+    return fail(got.error());
+  }
+  if (*got == 0) return false;
+  if (auto h = on_batch(which, *got); !h) return fail(h.error());
+  return true;
+}
+
 template <class Schedule>
 inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<void>()>& before_start) {
   using clock = std::chrono::steady_clock;
@@ -467,19 +481,10 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
         progress = true;
       }
     }
-    if (idle > 16) {
-      // Nothing happened for a while: wait on the links' CQs (bounded), so an idle rank gives
-      // its core to the ranks that have work (the emulator runs them all on one host).
-      std::size_t which = 0;
-      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where_ = "waiting for completions of " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(which, *got); !h) return h;
-        progress = true;
-      }
+    if (idle > 16) {  // nothing happened for a while
+      auto slept = sleep_on_links(std::span(sleepers, nsleep), wc, describe_wait, handle);
+      if (!slept) return fail(slept.error());
+      progress = progress || *slept;
     }
     for (std::size_t li = 0; li < ring_links; ++li) {
       auto got = links_[li].cq().poll(wc);
@@ -651,20 +656,13 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
       }
     }
     if (idle > 16) {
-      // Idle: sleep on the links' CQs (bounded), as the ring's engine does.
-      std::size_t which = 0;
-      auto got = tbverbs::wait_any(std::span(sleepers, nsleep), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where_ = "waiting for completions of " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(peers[which], *got); !h) {
-          where_ = "receiving the mesh all_sum";
-          return h;
-        }
-        progress = true;
-      }
+      auto slept = sleep_on_links(std::span(sleepers, nsleep), wc, describe_wait, [&](std::size_t which, std::size_t got) {
+        auto h = handle(peers[which], got);
+        if (!h) where_ = "receiving the mesh all_sum";
+        return h;
+      });
+      if (!slept) return fail(slept.error());
+      progress = progress || *slept;
     }
     bool done = true;
     for (std::size_t k = 0; k < np; ++k) {

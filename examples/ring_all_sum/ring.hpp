@@ -245,6 +245,12 @@ private:
   // The engine every algorithm runs on (algorithms.hpp), and the algorithms' schedules.
   template <class Schedule> Result<void> pipeline(Schedule& plan, const std::function<Result<void>()>& before_start);
   Result<void> mesh_all_sum(std::size_t count, DType t, bool in_place, const std::function<Result<void>()>& before_start);
+  // An idle engine's sleep: waits (at most 10 ms) on the links' CQs, so an idle rank gives its
+  // core to the ranks that have work (the emulator runs them all on one host), and hands a batch
+  // to on_batch(index of the link in `sleepers`, count). True when a batch arrived.
+  template <class Describe, class OnBatch>
+  Result<bool> sleep_on_links(std::span<tbverbs::Link* const> sleepers, std::span<tbverbs::WorkCompletion> wc,
+                              const Describe& describe_wait, const OnBatch& on_batch);
   friend struct RingSchedule;
   friend struct LatencySchedule;
 
