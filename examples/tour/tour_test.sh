@@ -20,19 +20,13 @@ set -uo pipefail
 
 fail() { echo "tour_test: FAIL: $*" >&2; exit 1; }
 
-# Runs `bash SCRIPT` in DIR with the emulator state in DIR (up to 3 attempts on a port in use;
-# SCRIPT_TEMPLATE has 127.0.0.1:18515), then checks both ranks' lines. Sets rc.
+source "$(dirname "$0")/../../tests/common/ports.sh"
+# Runs `bash SCRIPT` in DIR with the emulator state in DIR (SCRIPT_TEMPLATE has 127.0.0.1:18515,
+# replaced by a free port; another one if it was taken), then checks both ranks' lines. Sets rc.
 run_ranks() {
-  local dir=$1 template=$2 attempt port
-  for attempt in 1 2 3; do
-    port=$((20000 + (RANDOM * 7 + attempt * 1009) % 40000))
-    sed "s/127\.0\.0\.1:18515/127.0.0.1:$port/g" "$template" >"$dir/run.sh"
-    rm -rf "$dir/emu-state"
-    (cd "$dir" && TBVERBS_EMU_STATE_DIR="$dir/emu-state" timeout 120 bash "$dir/run.sh") >"$dir/out.log" 2>&1
-    rc=$?
-    echo "---- attempt $attempt (port $port): exit $rc"; cat "$dir/out.log"
-    grep -q "EADDRINUSE" "$dir/out.log" || break
-  done
+  local dir=$1 template=$2
+  OUT=$dir/out.log
+  retry_on_port_taken run_script "$dir" "$template"; rc=$?
   rm -rf "$dir/emu-state"
   [ "$rc" -eq 0 ] || fail "the commands exited $rc"
   local r
@@ -42,6 +36,16 @@ run_ranks() {
     grep -q "^rank $r: received \"hello from rank $((1 - r))\"$" "$dir/out.log" ||
       fail "rank $r did not receive rank $((1 - r))'s message"
   done
+}
+
+run_script() {  # DIR TEMPLATE, on $PORT
+  local dir=$1 template=$2 rc
+  sed "s/127\.0\.0\.1:18515/127.0.0.1:$PORT/g" "$template" >"$dir/run.sh"
+  rm -rf "$dir/emu-state"
+  (cd "$dir" && TBVERBS_EMU_STATE_DIR="$dir/emu-state" timeout 120 bash "$dir/run.sh") >"$OUT" 2>&1
+  rc=$?
+  echo "---- port $PORT: exit $rc"; cat "$OUT"
+  return $rc
 }
 
 # The first fenced block of language $2 after the line "$1" in README $3.

@@ -19,25 +19,31 @@ LAUNCHER_VARS=(JACCL_RANK MLX_RANK MLX_WORLD_SIZE JACCL_COORDINATOR MLX_JACCL_CO
                OMPI_COMM_WORLD_SIZE PMI_RANK PMI_SIZE SLURM_PROCID SLURM_NTASKS)
 UNSET=()
 for v in "${LAUNCHER_VARS[@]}"; do UNSET+=(-u "$v"); done
-PORT=$((20000 + RANDOM % 20000))
+source "$(dirname "$0")/../../tests/common/ports.sh"
+PORT=$(free_port)  # for the refusals (nothing listens); two_ranks picks its own
 
 "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
 EMU_ENV=(TBVERBS_EMU_FABRIC="$FABRIC" TBVERBS_LIBRARY="$LIB" TBVERBS_EMU_STATE_DIR="$WORK/state")
 
 # two_ranks PROGRAM "VARS for rank 0" "VARS for rank 1" [args...]: both ranks in the background,
-# each on its own host of the fabric, each with a 60 s bound; fails if one exits non-zero.
+# each on its own host of the fabric, each with a 60 s bound; @PORT@ in VARS and args is the
+# coordinator's port (another one if it was taken); fails if a rank exits non-zero.
 two_ranks() {
+  retry_on_port_taken start_two_ranks "$@" || fail "a rank exited non-zero"
+}
+start_two_ranks() {
   local prog=$1 vars0=$2 vars1=$3; shift 3
-  local pids=() r rcs=0 vars
+  local pids=() r rcs=0 vars args=("${@//@PORT@/$PORT}")
   for r in 0 1; do
     vars=$vars0; [ $r -eq 1 ] && vars=$vars1
+    vars=${vars//@PORT@/$PORT}
     # shellcheck disable=SC2086
-    env "${UNSET[@]}" "${EMU_ENV[@]}" TBVERBS_EMU_HOST=host$r $vars timeout 60 "$prog" "$@" >"$WORK/rank$r.txt" 2>&1 &
+    env "${UNSET[@]}" "${EMU_ENV[@]}" TBVERBS_EMU_HOST=host$r $vars timeout 60 "$prog" "${args[@]}" >"$WORK/rank$r.txt" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rcs=1; done
   cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-  [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+  return $rcs
 }
 ring_two_ranks() {
   two_ranks "$RING" "$@" --size 1M --iters 1 --timeout 20000
@@ -59,33 +65,33 @@ refuse() {
 case "$CASE" in
   torchrun)
     # torchrun: RANK, WORLD_SIZE (the number of ranks: no --ranks), MASTER_ADDR and MASTER_PORT.
-    ring_two_ranks "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT" \
-                   "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT"
+    ring_two_ranks "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@" \
+                   "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@"
     echo "ok: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, two ranks, verified"
     ;;
   openmpi)
     # mpirun: OMPI_COMM_WORLD_RANK and _SIZE; the coordinator from the command line.
     ring_two_ranks "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2" "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2" \
-                   --coordinator 127.0.0.1:$PORT
+                   --coordinator 127.0.0.1:@PORT@
     echo "ok: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE with --coordinator, two ranks, verified"
     ;;
   pmi)
     # PMI (MPICH's Hydra, srun --mpi=pmi2): PMI_RANK and PMI_SIZE; the coordinator as torchrun's.
-    ring_two_ranks "PMI_RANK=0 PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT" \
-                   "PMI_RANK=1 PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT"
+    ring_two_ranks "PMI_RANK=0 PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@" \
+                   "PMI_RANK=1 PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@"
     echo "ok: PMI_RANK / PMI_SIZE with MASTER_ADDR / MASTER_PORT, two ranks, verified"
     ;;
   slurm)
     # srun: SLURM_PROCID and SLURM_NTASKS; the coordinator as mlx.launch's.
-    ring_two_ranks "SLURM_PROCID=0 SLURM_NTASKS=2 JACCL_COORDINATOR=127.0.0.1:$PORT" \
-                   "SLURM_PROCID=1 SLURM_NTASKS=2 JACCL_COORDINATOR=127.0.0.1:$PORT"
+    ring_two_ranks "SLURM_PROCID=0 SLURM_NTASKS=2 JACCL_COORDINATOR=127.0.0.1:@PORT@" \
+                   "SLURM_PROCID=1 SLURM_NTASKS=2 JACCL_COORDINATOR=127.0.0.1:@PORT@"
     echo "ok: SLURM_PROCID / SLURM_NTASKS with JACCL_COORDINATOR, two ranks, verified"
     ;;
   mpirun_in_slurm)
     # mpirun inside a Slurm allocation: every rank inherits the batch step's SLURM_PROCID=0 and
     # SLURM_NTASKS=1; Open MPI's own numbers must win.
-    ring_two_ranks "SLURM_PROCID=0 SLURM_NTASKS=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT" \
-                   "SLURM_PROCID=0 SLURM_NTASKS=1 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT"
+    ring_two_ranks "SLURM_PROCID=0 SLURM_NTASKS=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@" \
+                   "SLURM_PROCID=0 SLURM_NTASKS=1 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@"
     echo "ok: Open MPI's rank and size over the inherited Slurm ones, verified"
     ;;
   refusals)
@@ -107,8 +113,8 @@ case "$CASE" in
     ;;
   probe_torchrun)
     # tbverbs-probe under torchrun: rank 0 serves, rank 1 connects, at MASTER_ADDR:MASTER_PORT.
-    two_ranks "$PROBE" "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT" \
-              "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT" --quick --json
+    two_ranks "$PROBE" "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@" \
+              "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=@PORT@" --quick --json
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["max_qps"] == 10, d["max_qps"]' "$WORK/rank1.txt" 2>/dev/null ||
       grep -q '"max_qps": *10' "$WORK/rank1.txt" || fail "rank 1's report has no max_qps 10"
     # Outside 2 ranks the probe refuses, naming the variable.

@@ -48,24 +48,37 @@ run() {  # runs the launcher; sets RC
   "$RING" "$@" >>"$OUT" 2>&1; RC=$?
 }
 # Two ranks started by hand as a launcher on real hardware would start them, without --local:
-#   two_ranks PREFIX LIBRARY [ring args...]   (PREFIX: JACCL or MLX, naming the variables set)
-# with the device file $WORK/devices.json and, if it exists, the fabric $FABRIC. Their output goes
-# to $OUT; fails the test if a rank exits non-zero.
-two_ranks() {
-  local prefix=$1 lib=$2; shift 2
-  local port=$((20000 + RANDOM % 20000)) pids=() r p rcs=0 fabric_env=()
+#   by_hand "ENV" [ring args...]
+# each on its own host of the fabric ($FABRIC, if written), with the emulator state in
+# $WORK/state and the words ENV given to env(1) (`-u VAR` first, then VAR=VALUE), in which @R@ is
+# the rank and @PORT@ the coordinator's port. Their output goes to $OUT; sets FAILED_RANKS to the
+# number of ranks that exited non-zero. A coordinator port found taken is retried on another.
+source "$(dirname "$0")/../../common/ports.sh"
+by_hand() { retry_on_port_taken start_by_hand "$@"; }
+start_by_hand() {
+  local envspec=$1; shift
+  local pids=() r p vars fabric_env=()
   [ -f "$FABRIC" ] && fabric_env=(TBVERBS_EMU_FABRIC="$FABRIC")
-  local coord=${prefix}_COORDINATOR devs=${prefix}_IBV_DEVICES
-  [ "$prefix" = MLX ] && coord=MLX_JACCL_COORDINATOR
+  FAILED_RANKS=0
   for r in 0 1; do
-    env "${fabric_env[@]}" TBVERBS_LIBRARY="$lib" TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r \
-      "${prefix}_RANK=$r" "$coord=127.0.0.1:$port" "$devs=$WORK/devices.json" \
+    vars=${envspec//@R@/$r}; vars=${vars//@PORT@/$PORT}
+    # shellcheck disable=SC2086
+    env $vars "${fabric_env[@]}" TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r \
       "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p" || rcs=1; done
+  for p in "${pids[@]}"; do wait "$p" || FAILED_RANKS=$((FAILED_RANKS + 1)); done
   cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-  [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+}
+# by_hand with JACCL's (PREFIX JACCL) or MLX's (PREFIX MLX) variables and the device file
+# $WORK/devices.json; fails the test if a rank exits non-zero.
+#   launcher_by_hand PREFIX LIBRARY [ring args...]
+launcher_by_hand() {
+  local prefix=$1 lib=$2; shift 2
+  local coord=${prefix}_COORDINATOR
+  [ "$prefix" = MLX ] && coord=MLX_JACCL_COORDINATOR
+  by_hand "TBVERBS_LIBRARY=$lib ${prefix}_RANK=@R@ $coord=127.0.0.1:@PORT@ ${prefix}_IBV_DEVICES=$WORK/devices.json" "$@"
+  [ "$FAILED_RANKS" -eq 0 ] || fail "a rank exited non-zero"
 }
 
 case "$CASE" in
@@ -212,7 +225,7 @@ case "$CASE" in
     # ranks (both links share rdma_en1: two QPs on one device), on the emulator's built-in fabric.
     lib=$1; shift
     echo '[[null, "rdma_en1"], ["rdma_en1", null]]' >"$WORK/devices.json"
-    two_ranks MLX "$lib" "$@"
+    launcher_by_hand MLX "$lib" "$@"
     expect "^rank 0: right cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 0: left cable 0 to rank 1: rdma_en1 port 1 GID\[1\] ::ffff:10\.99\.0\.1 "
     expect "^rank 1: left link 0 to rank 0 verified"
@@ -279,7 +292,7 @@ case "$CASE" in
       hostfile) echo '{"backend": "jaccl", "hosts": [{"ssh": "m1", "rdma": [null, ["rdma_en1", "rdma_en2"]]},
                                                   {"ssh": "m2", "rdma": [["rdma_en2", "rdma_en1"], null]}]}' >"$WORK/devices.json" ;;
     esac
-    two_ranks JACCL "$lib" "$@"
+    launcher_by_hand JACCL "$lib" "$@"
     check_rows 1 2
     expect_not "MISMATCH|FAILED"
     expect_count "cable [01] \\(rdma_en[12], link [0-9]+\\): [1-9][0-9]* messages sent, [1-9][0-9]* received" 4
@@ -445,16 +458,9 @@ case "$CASE" in
     # the coordinator and the number of ranks; they discover the cables.
     lib=$1; shift
     "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
-    port=$((20000 + RANDOM % 20000)); pids=(); rcs=0
-    for r in 0 1; do
-      env -u JACCL_IBV_DEVICES -u MLX_IBV_DEVICES TBVERBS_EMU_FABRIC="$FABRIC" TBVERBS_LIBRARY="$lib" \
-        TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r JACCL_RANK=$r \
-        JACCL_COORDINATOR=127.0.0.1:$port "$RING" --ranks 2 "$@" >"$WORK/rank$r.txt" 2>&1 &
-      pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rcs=1; done
-    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-    [ $rcs -eq 0 ] || fail "a rank exited non-zero"
+    by_hand "-u JACCL_IBV_DEVICES -u MLX_IBV_DEVICES TBVERBS_LIBRARY=$lib JACCL_RANK=@R@ JACCL_COORDINATOR=127.0.0.1:@PORT@" \
+      --ranks 2 "$@"
+    [ "$FAILED_RANKS" -eq 0 ] || fail "a rank exited non-zero"
     expect "^rank 0: ring order 0 -> 1 -> 0 \(discovered, no device file\)"
     expect "^rank 1: cable to rank 0: rank 0 rdma_en[12] \(10\.99\.[01]\.[12]/30\) <-> rank 1 rdma_en[12]"
     check_rows 1 2
@@ -488,15 +494,8 @@ case "$CASE" in
     lib=$1; shift
     l='"rdma_en1","rdma_en1","rdma_en1","rdma_en1","rdma_en1","rdma_en1"'
     echo "[[null, [$l,$l]], [[$l,$l], null]]" >"$WORK/devices.json"
-    port=$((20000 + RANDOM % 20000)); pids=()
-    for r in 0 1; do
-      env TBVERBS_LIBRARY="$lib" TBVERBS_EMU_STATE_DIR="$WORK/state" TBVERBS_EMU_HOST=host$r JACCL_RANK=$r \
-        JACCL_COORDINATOR=127.0.0.1:$port JACCL_IBV_DEVICES="$WORK/devices.json" "$RING" "$@" >"$WORK/rank$r.txt" 2>&1 &
-      pids+=($!)
-    done
-    rcs=0; for p in "${pids[@]}"; do wait "$p" && rcs=$((rcs + 1)); done
-    cat "$WORK/rank0.txt" "$WORK/rank1.txt" >"$OUT"
-    [ $rcs -eq 0 ] || fail "a rank exited 0 although the job does not fit"
+    by_hand "TBVERBS_LIBRARY=$lib JACCL_RANK=@R@ JACCL_COORDINATOR=127.0.0.1:@PORT@ JACCL_IBV_DEVICES=$WORK/devices.json" "$@"
+    [ "$FAILED_RANKS" -eq 2 ] || fail "a rank exited 0 although the job does not fit"
     expect "^rank 0: FAILED during setting up the ring: .*the job does not fit rdma_en1: QPs: needs 12, allows 10; CQs: needs 12, allows 11"
     expect_not "ibv_create_qp failed|ibv_reg_mr failed"
     echo "ok: the budget refused 12 links on one device before creating anything, naming QPs and CQs"
