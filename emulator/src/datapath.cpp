@@ -170,15 +170,17 @@ void tx_release(Shared* s, uint32_t qpn, uint32_t frames) {
 }
 
 // Link pacing (docs/emulator.md, "Link pacing"): a message of `len` bytes leaving through `port`
-// now starts when the direction is free (the previous message's last byte), occupies it len / B,
-// and is delivered L after its last byte. Reserves the direction and returns the delivery time
-// (CLOCK_MONOTONIC ns), or 0 on an unpaced cable. Senders of several processes may share a port:
-// the busy clock moves by compare-and-swap.
-int64_t wire_due(Fabric& f, uint32_t port, uint64_t len) {
+// at `ready_ns` (when the sender handed it over; 0: now) starts when the direction is free (the
+// previous message's last byte), occupies it len / B, and is delivered L after its last byte.
+// Reserves the direction and returns the delivery time (CLOCK_MONOTONIC ns), or 0 on an unpaced
+// cable. Senders of several processes may share a port: the busy clock moves by compare-and-swap.
+// The emulator's own copy of the payload happens between the hand-over and this call: counting
+// from the hand-over keeps that copy out of the modelled latency (it added about 1 us a hop).
+int64_t wire_due(Fabric& f, uint32_t port, uint64_t len, int64_t ready_ns = 0) {
   if (!f.paced || port >= f.ports.size()) return 0;
   const LinkModel& m = f.ports[port].link;
   if (!m.paced()) return 0;
-  const int64_t now = now_ns();
+  const int64_t now = ready_ns > 0 ? ready_ns : now_ns();
   int64_t end = now;
   if (m.ns_per_byte > 0) {
     const auto busy_ns = static_cast<int64_t>(double(len) * m.ns_per_byte + 0.5);
@@ -416,6 +418,7 @@ uint32_t empty_rq_mode(EmuQp* q, bool tb) {
 // into local memory). A bad rkey, a range outside the region, or a region or QP without
 // REMOTE_READ is the responder's NAK: REM_ACCESS_ERR.
 Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
+  const int64_t ready_ns = q->ctx->fab->paced ? now_ns() : 0;  // wire_due: before the copy
   Shared* s = q->ctx->fab->shm;
   RegionPins pins(s);  // the local targets and the remote source, until the copy is done
   iovec dst[kMaxSge];
@@ -457,8 +460,8 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
   // Paced cables (our model): the request waits behind this port's sends and takes L, the
   // response occupies the responder's direction; the READ completes when both are through.
   Fabric& f = *q->ctx->fab;
-  const int64_t req = wire_due(f, q->s->port, 0);
-  const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), op.len) : 0;
+  const int64_t req = wire_due(f, q->s->port, 0, ready_ns);
+  const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), op.len, ready_ns) : 0;
   complete_send(q, op, IBV_WC_SUCCESS, std::max(req, resp));
   return Tx::Done;
 }
@@ -527,6 +530,7 @@ Tx try_atomic(EmuQp* q, SendOp& op, const PeerView& pv) {
 // Attempts one send work request.
 Tx try_send(EmuQp* q, SendOp& op) {
   Fabric& f = *q->ctx->fab;
+  const int64_t ready_ns = f.paced ? now_ns() : 0;  // wire_due: before the copy
   Shared* s = f.shm;
   const bool rc = q->s->type == IBV_QPT_RC;
   const bool tb = is_tb(q);
@@ -696,7 +700,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_sent(q, op);
     return Tx::Done;
   }
-  const int64_t due = wire_due(f, q->s->port, op.len);
+  const int64_t due = wire_due(f, q->s->port, op.len, ready_ns);
   cq_push(f, pv.recv_cq, recv_wc(e, o, op.opcode, op.len, op.imm, pv.qpn, q->qp.qp_num),
           (op.flags & IBV_SEND_SOLICITED) != 0, due);
   ibv_wc_status sender_status = rc ? o.sender : IBV_WC_SUCCESS;  // UC has no responder feedback
@@ -1128,6 +1132,7 @@ void rx_drain(EmuQp* q) {
       }
     }
     const RecvEntry e = me->ring[me->head & (kRecvRing - 1)];
+    const int64_t ready_ns = f.paced ? now_ns() : 0;  // wire_due: before the copy
     iovec src{reinterpret_cast<void*>(w.src_addr), w.len};
     Msg m{IBV_WR_SEND, w.len, &src, w.len ? 1u : 0u, w.pid};
     Outcome o = deliver(s, m, e, me->pid, me->qpn, true, sq.pid_start);
@@ -1136,7 +1141,7 @@ void rx_drain(EmuQp* q) {
     me->head++;
     me->recv_frames -= std::min(me->recv_frames, e.frames);
     // Paced: the message leaves the sender's port now that it has credit (its wire time starts here).
-    const int64_t due = wire_due(f, sq.port, w.len);
+    const int64_t due = wire_due(f, sq.port, w.len, ready_ns);
     cq_push(f, me->recv_cq, recv_wc(e, o, IBV_WR_SEND, w.len, 0, me->qpn, w.src_qpn), w.solicited != 0, due);
     complete_waiting(f, w, IBV_WC_SUCCESS, due);  // UC: the sender learns nothing of receive errors
   }
