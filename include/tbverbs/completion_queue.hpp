@@ -15,7 +15,6 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -79,17 +78,17 @@ namespace detail {
 /// poll needs no test of its own; `drain` points it back at the real CQ once the last kept entry is
 /// out. Heap-allocated with the CQ (room for granted cqe + 1 entries: a poll never returns more
 /// than the CQ holds), so the failure path allocates nothing.
-struct CqKeep {
+struct CqKeep final : RefCounted {
   abi::ibv_context shadow_context{};
   abi::ibv_cq shadow{};
   abi::ibv_cq* real = nullptr;
   abi::ibv_cq** slot = nullptr; // the owner's cached pointer
-  std::unique_ptr<abi::ibv_wc[]> entries;
+  OwnedArray<abi::ibv_wc> entries;
   int capacity = 0, head = 0, count = 0;
   bool from_kept = false;  // the last batch through the stand-in came from `entries`
   std::uint64_t lost = 0;  // entries that did not fit (never, with a truthful cqe)
 
-  CqKeep(abi::ibv_cq* cq, std::unique_ptr<abi::ibv_wc[]> room, int room_size) noexcept
+  CqKeep(abi::ibv_cq* cq, OwnedArray<abi::ibv_wc> room, int room_size) noexcept
       : real(cq), entries(std::move(room)), capacity(room_size) {
     shadow_context.device = cq->context->device;
     shadow_context.ops = cq->context->ops; // the real context's other ops, as they were
@@ -102,7 +101,7 @@ struct CqKeep {
   }
   CqKeep(const CqKeep&) = delete;
   CqKeep& operator=(const CqKeep&) = delete;
-  ~CqKeep() = default;
+  ~CqKeep() override = default;
 
   void store(const abi::ibv_wc* wc, int n) noexcept {
     const int fits = n < capacity ? n : capacity;
@@ -148,7 +147,7 @@ struct CqKeep {
 /// close() or a move), and the keeper always knows where the pointer lives.
 struct HotCq {
   abi::ibv_cq* ptr = closed_object<abi::ibv_cq>();
-  std::unique_ptr<CqKeep> keeper;
+  Ref<CqKeep> keeper;
 
   HotCq() = default;
   explicit HotCq(abi::ibv_cq* p) noexcept : ptr(p != nullptr ? p : closed_object<abi::ibv_cq>()) {}
@@ -371,15 +370,15 @@ public:
   /// The raw `ibv_cq*`; null once closed or moved from.
   abi::ibv_cq* native_handle() const noexcept { return owned_.get(); }
   /// For QpRecipe::prepare: a reference that keeps this CQ alive.
-  std::shared_ptr<void> keep_alive() const noexcept { return owned_.keep_alive(); }
+  detail::Ref<detail::RefCounted> keep_alive() const noexcept { return owned_.keep_alive(); }
 
 private:
   friend class Context;
   CompletionQueue(detail::Owned<abi::ibv_comp_channel> channel, detail::Owned<abi::ibv_cq> cq,
-                  std::shared_ptr<detail::ContextInfo> info, std::unique_ptr<abi::ibv_wc[]> kept, int kept_capacity)
+                  detail::Ref<detail::ContextInfo> info, detail::OwnedArray<abi::ibv_wc> kept, int kept_capacity)
       : channel_owned_(std::move(channel)), owned_(std::move(cq)), info_(std::move(info)), cq_(owned_.get()),
         channel_(channel_owned_.get()) {
-    if (kept) cq_.keeper.reset(new detail::CqKeep(owned_.get(), std::move(kept), kept_capacity));
+    if (kept) cq_.keeper = detail::make_ref<detail::CqKeep>(owned_.get(), std::move(kept), kept_capacity);
     cq_.attach();
   }
 
@@ -450,8 +449,8 @@ private:
   // Declaration order is destruction order reversed: the CQ goes before its channel.
   detail::Owned<abi::ibv_comp_channel> channel_owned_;
   detail::Owned<abi::ibv_cq> owned_;
-  std::shared_ptr<detail::ContextInfo> info_;
-  detail::HotCq cq_;                                   // cached: the poll path reads no shared_ptr
+  detail::Ref<detail::ContextInfo> info_;
+  detail::HotCq cq_;                                   // cached: the poll path reads no Ref
   detail::NullOnMove<abi::ibv_comp_channel> channel_; // null: wait polls (none made, fallen back, closed)
   abi::ibv_wc failed_{};                               // the failure poll is returning
   std::optional<Error> note_;                          // why a wanted channel is not used

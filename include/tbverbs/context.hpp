@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,7 +60,7 @@ public:
   /// Opens one device of a DeviceList.
   [[nodiscard]] static Result<Context> open(const Library& lib, const Device& device) {
     const detail::VerbsApi& api = lib.api();
-    auto info = std::make_shared<detail::ContextInfo>();
+    auto info = detail::make_ref<detail::ContextInfo>();
     info->api = &api;
     info->ops = {api.modify_qp, api.query_qp, api.get_cq_event, api.ack_cq_events};
     info->device.assign(device.name());
@@ -136,7 +135,7 @@ public:
   [[nodiscard]] Result<GidTable> gid_table(std::uint8_t port = 1) const {
     auto p = query_port(port);
     if (!p) return fail(p.error());
-    return GidTable::read(*info_->api, ctx_.keep_alive(), port, p->gid_table_length, info_->platform,
+    return GidTable::read(*info_->api, ctx_.kept(), port, p->gid_table_length, info_->platform,
                           info_->device.view());
   }
 
@@ -234,7 +233,7 @@ public:
     const bool has_channel = channel.get() != nullptr;
     detail::Owned<abi::ibv_cq> owned(cq, api.destroy_cq, std::move(parent));
     const int keep = (cq->cqe > entries ? cq->cqe : entries) + 1;
-    std::unique_ptr<abi::ibv_wc[]> kept(new abi::ibv_wc[static_cast<std::size_t>(keep)]);
+    detail::OwnedArray<abi::ibv_wc> kept(static_cast<std::size_t>(keep));
     CompletionQueue result(std::move(channel), std::move(owned), info_, std::move(kept), keep);
     if (note) {
       result.fall_back_to_polling(*note);
@@ -262,13 +261,13 @@ public:
   /// The raw `ibv_context*`.
   abi::ibv_context* native_handle() const noexcept { return ctx_.get(); }
   /// Shared state used by handles made from this context.
-  const std::shared_ptr<detail::ContextInfo>& info() const noexcept { return info_; }
+  const detail::Ref<detail::ContextInfo>& info() const noexcept { return info_; }
 
 private:
-  Context(detail::Owned<abi::ibv_context> ctx, std::shared_ptr<detail::ContextInfo> info)
+  Context(detail::Owned<abi::ibv_context> ctx, detail::Ref<detail::ContextInfo> info)
       : ctx_(std::move(ctx)), info_(std::move(info)) {}
   detail::Owned<abi::ibv_context> ctx_;
-  std::shared_ptr<detail::ContextInfo> info_;
+  detail::Ref<detail::ContextInfo> info_;
 };
 
 TBVERBS_NAMESPACE_END

@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "detail/abi.hpp"
+#include "detail/handle.hpp"
 #include "error.hpp"
 #include "loader.hpp"
 #include "result.hpp"
@@ -21,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iosfwd>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -186,7 +186,7 @@ public:
   [[nodiscard]] Result<void> revalidate() const {
     if (api_ == nullptr || context_ == nullptr) return {};
     abi::ibv_gid now{};
-    const int rc = api_->query_gid(static_cast<abi::ibv_context*>(context_.get()), port_, index_, &now);
+    const int rc = api_->query_gid(context_.get(), port_, index_, &now);
     Gid value;
     if (rc == 0) {
       std::array<std::uint8_t, 16> raw{};
@@ -213,7 +213,7 @@ private:
   GidPortFacts facts_;
   std::string_view reason_;
   const detail::VerbsApi* api_ = nullptr;
-  std::shared_ptr<void> context_;
+  detail::Kept<abi::ibv_context> context_;
   detail::FixedString<64> device_;
   Platform platform_ = Platform::any;
 };
@@ -269,14 +269,14 @@ public:
   /// `ibv_query_gid_type` (all optional symbols), then sysfs `gid_attrs/types/N` and
   /// `gid_attrs/ndevs/N` under the device's ibdev_path (Linux; fails soft). Used by
   /// Context::gid_table().
-  static GidTable read(const detail::VerbsApi& api, std::shared_ptr<void> context, std::uint8_t port,
+  static GidTable read(const detail::VerbsApi& api, detail::Kept<abi::ibv_context> context, std::uint8_t port,
                        int length, Platform platform, std::string_view device) {
     GidTable t = from_entries(port, {}, platform, device);
     const std::size_t n = static_cast<std::size_t>(length > 0 ? length : 0);
     t.entries_.resize(n);
     t.types_.assign(n, GidType::unknown);
     t.netdevs_.assign(n, std::string());
-    auto* ctx = static_cast<abi::ibv_context*>(context.get());
+    abi::ibv_context* ctx = context.get();
     for (int i = 0; i < length; ++i) {
       abi::ibv_gid g{};
       if (api.query_gid(ctx, port, i, &g) == 0) {
@@ -686,7 +686,7 @@ private:
   Platform platform_ = Platform::any;
   detail::FixedString<64> device_;
   const detail::VerbsApi* api_ = nullptr;
-  std::shared_ptr<void> context_;
+  detail::Kept<abi::ibv_context> context_;
 };
 
 TBVERBS_NAMESPACE_END

@@ -120,10 +120,10 @@ public:
 
 private:
   friend class ProtectionDomain;
-  MemoryRegion(detail::Owned<abi::ibv_mr> mr, std::shared_ptr<detail::ContextInfo> info, Access access)
+  MemoryRegion(detail::Owned<abi::ibv_mr> mr, detail::Ref<detail::ContextInfo> info, Access access)
       : mr_(std::move(mr)), info_(std::move(info)), access_(access) {}
   detail::Owned<abi::ibv_mr> mr_;
-  std::shared_ptr<detail::ContextInfo> info_;
+  detail::Ref<detail::ContextInfo> info_;
   Access access_;
 };
 

@@ -10,9 +10,9 @@
 #pragma once
 
 #include "config.hpp"
+#include "detail/atomic.hpp"
 #include "error.hpp"
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -59,8 +59,8 @@ inline void print_notice(Notice notice, const Error& cause) {
 namespace detail {
 /// The process-wide notice state: the handler and which notices were already given.
 struct NoticeState {
-  std::atomic<NoticeHandler> handler{&print_notice};
-  std::atomic<bool> given[notice_count] = {};
+  Atomic<NoticeHandler> handler{&print_notice};
+  Atomic<bool> given[notice_count] = {};
 };
 /// The one NoticeState of the process.
 inline NoticeState& notice_state() noexcept {
@@ -72,8 +72,8 @@ inline NoticeState& notice_state() noexcept {
 inline void notice_once(Notice notice, const Error& cause) noexcept {
   auto& s = notice_state();
   const auto i = static_cast<std::size_t>(notice);
-  if (i >= notice_count || s.given[i].exchange(true, std::memory_order_relaxed)) return;
-  if (NoticeHandler h = s.handler.load(std::memory_order_acquire)) {
+  if (i >= notice_count || s.given[i].exchange(true, Order::relaxed)) return;
+  if (NoticeHandler h = s.handler.load(Order::acquire)) {
     try {
       h(notice, cause);
     } catch (...) { // a handler must not throw; if it does, the fallback still stands
@@ -85,18 +85,18 @@ inline void notice_once(Notice notice, const Error& cause) noexcept {
 /// Installs `handler` for every later notice and returns the previous one; `nullptr` silences
 /// notices. Thread-safe. The default is print_notice (one stderr line per notice per process).
 inline NoticeHandler set_notice_handler(NoticeHandler handler) noexcept {
-  return detail::notice_state().handler.exchange(handler, std::memory_order_acq_rel);
+  return detail::notice_state().handler.exchange(handler, detail::Order::acq_rel);
 }
 
 /// True when `notice` was already given in this process (tests, and programs that report it).
 inline bool notice_given(Notice notice) noexcept {
   const auto i = static_cast<std::size_t>(notice);
-  return i < notice_count && detail::notice_state().given[i].load(std::memory_order_relaxed);
+  return i < notice_count && detail::notice_state().given[i].load(detail::Order::relaxed);
 }
 
 /// Forgets that notices were given, so the next fallback notifies again. For tests.
 inline void reset_notices() noexcept {
-  for (auto& g : detail::notice_state().given) g.store(false, std::memory_order_relaxed);
+  for (auto& g : detail::notice_state().given) g.store(false, detail::Order::relaxed);
 }
 
 TBVERBS_NAMESPACE_END

@@ -13,7 +13,6 @@
 #include "types.hpp"
 
 #include <cerrno>
-#include <memory>
 #include <span>
 #include <string>
 
@@ -57,16 +56,16 @@ public:
   /// the second set's errno in the detail when both were refused.
   [[nodiscard]] Result<MemoryRegion> reg_mr_two_sided(std::span<std::byte> memory) const {
     constexpr Access sets[2] = {Access::local_write, Access::local_write | Access::remote_write | Access::remote_read};
-    const int known = info_->two_sided_access.load(std::memory_order_relaxed);
+    const int known = info_->two_sided_access.load(detail::Order::relaxed);
     const int first = known == static_cast<int>(sets[1]) ? 1 : 0;
     auto r = reg_mr(memory, sets[first]);
     if (r || known >= 0) {
-      if (r) info_->two_sided_access.store(static_cast<int>(sets[first]), std::memory_order_relaxed);
+      if (r) info_->two_sided_access.store(static_cast<int>(sets[first]), detail::Order::relaxed);
       return r;
     }
     auto second = reg_mr(memory, sets[1 - first]);
     if (second) {
-      info_->two_sided_access.store(static_cast<int>(sets[1 - first]), std::memory_order_relaxed);
+      info_->two_sided_access.store(static_cast<int>(sets[1 - first]), detail::Order::relaxed);
       return second;
     }
     Error e = r.error();
@@ -81,9 +80,9 @@ public:
   abi::ibv_pd* native_handle() const noexcept { return pd_.get(); }
 
   /// For QpRecipe::prepare: the shared state of the context it belongs to.
-  const std::shared_ptr<detail::ContextInfo>& info() const noexcept { return info_; }
+  const detail::Ref<detail::ContextInfo>& info() const noexcept { return info_; }
   /// For QpRecipe::prepare: a reference that keeps this PD alive.
-  std::shared_ptr<void> keep_alive() const noexcept { return pd_.keep_alive(); }
+  detail::Ref<detail::RefCounted> keep_alive() const noexcept { return pd_.keep_alive(); }
 
 private:
   friend class Context;
@@ -105,10 +104,10 @@ private:
     return e.with_detail(d);
   }
 
-  ProtectionDomain(detail::Owned<abi::ibv_pd> pd, std::shared_ptr<detail::ContextInfo> info)
+  ProtectionDomain(detail::Owned<abi::ibv_pd> pd, detail::Ref<detail::ContextInfo> info)
       : pd_(std::move(pd)), info_(std::move(info)) {}
   detail::Owned<abi::ibv_pd> pd_;
-  std::shared_ptr<detail::ContextInfo> info_;
+  detail::Ref<detail::ContextInfo> info_;
 };
 
 TBVERBS_NAMESPACE_END

@@ -12,7 +12,6 @@
 #include "work_request.hpp"
 
 #include <cstdint>
-#include <memory>
 
 TBVERBS_NAMESPACE_BEGIN
 
@@ -268,14 +267,18 @@ public:
 
 private:
   friend class PreparedQueuePair;
-  QueuePair(detail::Owned<abi::ibv_qp> qp, std::shared_ptr<detail::ContextInfo> info, QpCapacities caps,
+  QueuePair(detail::Owned<abi::ibv_qp> qp, detail::Ref<detail::ContextInfo> info, QpCapacities caps,
             bool allow_write) noexcept
       : owned_(std::move(qp)), info_(std::move(info)), caps_(caps), qp_(owned_.get()) {
     type_ = static_cast<QpType>(qp_->qp_type);
     ops_ = send_ops_for(type_, info_ != nullptr ? info_->platform : Platform::any, allow_write);
   }
   // The recipe and PSN a reset() re-initialises with (set by PreparedQueuePair::connect).
-  void remember(std::shared_ptr<const QpRecipe> recipe) noexcept { recipe_ = std::move(recipe); }
+  // `keep` owns `*recipe` (queue_pair.hpp cannot name the holder's type: QpRecipe is incomplete here).
+  void remember(detail::Ref<detail::RefCounted> keep, const QpRecipe* recipe) noexcept {
+    recipe_keep_ = std::move(keep);
+    recipe_ = recipe;
+  }
 
   // Inline so a SEND without IBV_SEND_INLINE folds to nothing when the request is built in place.
   bool admissible(const SendWr& wr) const noexcept {
@@ -344,12 +347,13 @@ private:
 
   // Hot members first: the post path reads qp_, ops_ and (for inline sends) caps_.
   detail::Owned<abi::ibv_qp> owned_;
-  std::shared_ptr<detail::ContextInfo> info_;
+  detail::Ref<detail::ContextInfo> info_;
   QpCapacities caps_;
-  detail::HotPtr<abi::ibv_qp> qp_; // cached: the post path reads no shared_ptr; the stand-in once closed
+  detail::HotPtr<abi::ibv_qp> qp_; // cached: the post path reads no Ref; the stand-in once closed
   SendOps ops_ = SendOps::send;
   QpType type_ = QpType::uc;
-  std::shared_ptr<const QpRecipe> recipe_; // for reset()
+  detail::Ref<detail::RefCounted> recipe_keep_; // owns *recipe_
+  detail::NullOnMove<const QpRecipe> recipe_;  // for reset()
 };
 
 TBVERBS_NAMESPACE_END

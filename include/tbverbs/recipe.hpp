@@ -22,10 +22,8 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -57,8 +55,8 @@ inline std::uint32_t fresh_psn() noexcept {
       s ^= static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     return s;
   }();
-  static std::atomic<std::uint32_t> counter{0};
-  const std::uint32_t n = counter.fetch_add(1, std::memory_order_relaxed);
+  static Atomic<std::uint32_t> counter{0};
+  const std::uint32_t n = counter.fetch_add(1, Order::relaxed);
   return (seed + n * 0x1001u) & 0xffffffu;
 }
 } // namespace detail
@@ -367,7 +365,14 @@ public:
       return fail(r.error());
     }
     QueuePair qp(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed());
-    qp.remember(std::make_shared<const QpRecipe>(recipe_));
+    // The copy reset() re-connects with, owned by the QP.
+    struct KeptRecipe final : detail::RefCounted {
+      QpRecipe recipe;
+      explicit KeptRecipe(const QpRecipe& r) : recipe(r) {}
+    };
+    auto kept = detail::make_ref<KeptRecipe>(recipe_);
+    const QpRecipe* copy = &kept->recipe;
+    qp.remember(std::move(kept), copy);
     return qp;
   }
 
@@ -390,12 +395,12 @@ private:
     }
     return {};
   }
-  PreparedQueuePair(detail::Owned<abi::ibv_qp> qp, std::shared_ptr<detail::ContextInfo> info, QpRecipe recipe,
+  PreparedQueuePair(detail::Owned<abi::ibv_qp> qp, detail::Ref<detail::ContextInfo> info, QpRecipe recipe,
                     QpCapacities caps, Endpoint local)
       : owned_(std::move(qp)), info_(std::move(info)), recipe_(std::move(recipe)), caps_(caps), local_(local) {}
 
   detail::Owned<abi::ibv_qp> owned_;
-  std::shared_ptr<detail::ContextInfo> info_;
+  detail::Ref<detail::ContextInfo> info_;
   QpRecipe recipe_;
   QpCapacities caps_;
   Endpoint local_;

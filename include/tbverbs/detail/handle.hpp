@@ -1,16 +1,16 @@
 /// @file handle.hpp
 /// Shared machinery of the RAII handles: ownership of one verbs object, its destroy function
-/// and a reference that keeps its parent alive.
+/// and a reference that keeps its parent alive (detail/ref.hpp), and the closed stand-ins.
 #pragma once
 
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../result.hpp"
 #include "abi.hpp"
+#include "atomic.hpp"
+#include "ref.hpp"
 
-#include <atomic>
 #include <cerrno>
-#include <memory>
 
 TBVERBS_NAMESPACE_BEGIN
 namespace detail {
@@ -28,17 +28,18 @@ struct ControlOps {
 };
 
 /// What every handle made from one context needs to know: the function table, the provider
-/// family and the device name (for errors), and resource counts (for the driver's caps).
-struct ContextInfo {
+/// family and the device name (for errors), and resource counts (for the driver's caps). Shared
+/// by the context and everything made from it (Ref<ContextInfo>).
+struct ContextInfo final : RefCounted {
   const VerbsApi* api = nullptr;
   ControlOps ops;
   Platform platform = Platform::any;
   FixedString<64> device;
-  std::atomic<int> memory_regions{0};
-  std::atomic<int> queue_pairs{0};
+  Atomic<int> memory_regions{0};
+  Atomic<int> queue_pairs{0};
   /// The access rights the driver last accepted for a two-sided registration (-1: none yet), so
   /// ProtectionDomain::reg_mr_two_sided tries the set that worked first (see there).
-  std::atomic<int> two_sided_access{-1};
+  Atomic<int> two_sided_access{-1};
 
   /// Stamps an error with this context's device and provider family.
   Error& stamp(Error& e, int port = 0, int gid_index = -1) const noexcept {
@@ -83,7 +84,7 @@ template <> inline abi::ibv_qp* closed_object<abi::ibv_qp>() noexcept { return &
 /// True when `p` is one of the stand-ins.
 template <class T> bool is_closed_object(const T* p) noexcept { return p == closed_object<T>(); }
 
-/// The raw pointer a data-path handle caches (so the hot path reads no shared_ptr): never null,
+/// The raw pointer a data-path handle caches (so the hot path reads no Ref): never null,
 /// the stand-in after a move or reset(), so moved-from and closed handles stay safe with the rule
 /// of zero (the defaulted moves of the handle do the right thing).
 template <class T> class HotPtr {
@@ -142,64 +143,80 @@ private:
 /// A parent reference that also counts one live child in `info`: the count drops when the child's
 /// destroy has run, however the child went away (close() or destructor).
 template <class... Parents>
-std::shared_ptr<void> counted_parent(std::shared_ptr<ContextInfo> info, std::atomic<int> ContextInfo::*counter,
-                                     Parents... parents) {
-  struct Holder {
-    std::shared_ptr<ContextInfo> info;
-    std::atomic<int> ContextInfo::*counter;
-    std::shared_ptr<void> refs[sizeof...(Parents)];
-    ~Holder() { (info.get()->*counter).fetch_sub(1, std::memory_order_relaxed); }
+Ref<RefCounted> counted_parent(Ref<ContextInfo> info, Atomic<int> ContextInfo::*counter, Parents... parents) {
+  struct Holder final : RefCounted {
+    Ref<ContextInfo> info;
+    Atomic<int> ContextInfo::*counter;
+    Ref<RefCounted> refs[sizeof...(Parents)];
+    Holder(Ref<ContextInfo> i, Atomic<int> ContextInfo::*c, Parents... p) noexcept
+        : info(std::move(i)), counter(c), refs{std::move(p)...} {
+      (info.get()->*counter).fetch_add(1, Order::relaxed);
+    }
+    ~Holder() override { (info.get()->*counter).fetch_sub(1, Order::relaxed); }
   };
-  (info.get()->*counter).fetch_add(1, std::memory_order_relaxed);
-  return std::shared_ptr<Holder>(new Holder{info, counter, {std::move(parents)...}});
+  return make_ref<Holder>(std::move(info), counter, std::move(parents)...);
 }
 
-/// Calls the verbs destroy function once, then lets go of the parent. The parent reference
-/// lives in the deleter, so a child always dies before its parent, whatever order the caller
-/// drops handles in: that is how the teardown order (QP, MR, CQ, PD, context) is enforced.
-template <class T> struct Destroyer {
-  int (*destroy)(T*) = nullptr;
-  std::shared_ptr<void> parent;
-  bool released = false;
-  void operator()(T* p) const noexcept {
+/// One verbs object, its destroy function and the reference to its parent. The destroy runs
+/// once, when the last reference goes, and the parent is let go after it (a member outlives the
+/// destructor's body), so a child always dies before its parent, whatever order the caller drops
+/// handles in: that is how the teardown order (QP, MR, CQ, PD, context) is enforced.
+template <class T> struct OwnedNode final : RefCounted {
+  T* object;
+  int (*destroy)(T*);
+  Ref<RefCounted> parent;
+  bool released = false; // close() destroyed it already
+  OwnedNode(T* p, int (*d)(T*), Ref<RefCounted> up) noexcept : object(p), destroy(d), parent(std::move(up)) {}
+  ~OwnedNode() override {
     // A destructor cannot report; close() is there for callers who want the teardown result.
-    if (p != nullptr && !released && destroy != nullptr) (void)destroy(p);
+    if (!released && destroy != nullptr) (void)destroy(object);
   }
+};
+
+/// A raw verbs pointer and the reference that keeps its object alive (what shared_ptr's aliasing
+/// constructor gives): how a GID table holds its context.
+template <class T> struct Kept {
+  T* ptr = nullptr;
+  Ref<RefCounted> keep;
+  T* get() const noexcept { return ptr; }
+  friend bool operator==(const Kept& k, std::nullptr_t) noexcept { return k.ptr == nullptr; }
 };
 
 /// Owns one verbs object. Move-only; shared internally so that children can keep it alive.
 template <class T> class Owned {
 public:
   Owned() = default;
-  Owned(T* p, int (*destroy)(T*), std::shared_ptr<void> parent)
-      : ptr_(p, Destroyer<T>{destroy, std::move(parent)}) {}
+  /// Owns `p` (nothing when null), destroyed with `destroy`; `parent` is kept until then.
+  Owned(T* p, int (*destroy)(T*), Ref<RefCounted> parent)
+      : node_(p != nullptr ? make_ref<OwnedNode<T>>(p, destroy, std::move(parent)) : Ref<OwnedNode<T>>()) {}
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
   Owned(Owned&&) noexcept = default;
   Owned& operator=(Owned&&) noexcept = default;
   ~Owned() = default;
 
-  T* get() const noexcept { return ptr_.get(); }
+  T* get() const noexcept { return node_ ? node_->object : nullptr; }
   /// A reference for a child's deleter.
-  std::shared_ptr<void> keep_alive() const noexcept { return ptr_; }
+  Ref<RefCounted> keep_alive() const noexcept { return node_; }
+  /// The object with a reference that keeps it alive.
+  Kept<T> kept() const noexcept { return {get(), keep_alive()}; }
 
   /// Destroys the object now and returns the verb's result. Fails with EBUSY, destroying
   /// nothing, while children made from it are still alive.
   Result<void> close() noexcept {
-    if (!ptr_) return {};
-    if (ptr_.use_count() > 1)
+    if (!node_) return {};
+    if (node_.use_count() > 1)
       return fail(Error::from_return(Step::destroy, EBUSY)
                       .with_detail("objects created from this handle are still alive; close them first"));
-    auto* d = std::get_deleter<Destroyer<T>>(ptr_);
-    const int rc = d->destroy(ptr_.get());
+    const int rc = node_->destroy != nullptr ? node_->destroy(node_->object) : 0;
     if (rc != 0) return fail(Error::from_return(Step::destroy, rc));
-    d->released = true;
-    ptr_.reset();
+    node_->released = true;
+    node_.reset();
     return {};
   }
 
 private:
-  std::shared_ptr<T> ptr_;
+  Ref<OwnedNode<T>> node_;
 };
 
 } // namespace detail
