@@ -233,7 +233,7 @@ public:
     const bool has_channel = channel.get() != nullptr;
     detail::Owned<abi::ibv_cq> owned(cq, api.destroy_cq, std::move(parent));
     const int keep = (cq->cqe > entries ? cq->cqe : entries) + 1;
-    detail::OwnedArray<abi::ibv_wc> kept(static_cast<std::size_t>(keep));
+    auto kept = detail::make_array<abi::ibv_wc>(static_cast<std::size_t>(keep));
     CompletionQueue result(std::move(channel), std::move(owned), info_, std::move(kept), keep);
     if (note) {
       result.fall_back_to_polling(*note);

@@ -4,6 +4,7 @@
 
 #include "config.hpp"
 #include "detail/abi.hpp"
+#include "detail/ref.hpp"
 #include "error.hpp"
 #include "loader.hpp"
 #include "result.hpp"
@@ -11,7 +12,6 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -102,7 +102,7 @@ public:
     }
     DeviceList d;
     d.api_ = &api;
-    d.list_ = std::unique_ptr<abi::ibv_device*, detail::FreeDeviceList>(list, {api.free_device_list});
+    d.list_ = detail::Unique<abi::ibv_device*, detail::FreeDeviceList>(list, {api.free_device_list});
     d.devices_.reserve(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) d.devices_.push_back(Device(&api, list[i]));
     return d;
@@ -139,7 +139,7 @@ public:
 private:
   DeviceList() = default;
   const detail::VerbsApi* api_ = nullptr;
-  std::unique_ptr<abi::ibv_device*, detail::FreeDeviceList> list_;
+  detail::Unique<abi::ibv_device*, detail::FreeDeviceList> list_;
   std::vector<Device> devices_;
 };
 

@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "detail/abi.hpp"
+#include "detail/decimal.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
 #include "loader.hpp"
@@ -17,7 +18,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -465,8 +465,10 @@ public:
     };
     // Negative numbers parse: at_index() then says they are outside the table.
     auto number = [](std::string_view t, int& out) {
-      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
-      return ec == std::errc() && p == t.data() + t.size();
+      const bool negative = !t.empty() && t.front() == '-';
+      const auto v = detail::parse_decimal(negative ? t.substr(1) : t, 0x7fffffff);
+      if (v) out = negative ? -static_cast<int>(*v) : static_cast<int>(*v);
+      return v.has_value();
     };
     int index = -1;
     bool listed = false;

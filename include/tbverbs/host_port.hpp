@@ -3,6 +3,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "detail/decimal.hpp"
 #include "error.hpp"
 #include "result.hpp"
 
@@ -54,14 +55,9 @@ struct HostPort {
       return bad("the host has a bracket, a space or a control character");
   if (!text.empty() && text.front() == '[' && hp.host.find(':') == std::string::npos)
     return bad("brackets are for IPv6 addresses only");
-  if (port.empty() || port.size() > 5) return bad("the port must be a number from 0 to 65535");
-  unsigned value = 0;
-  for (char ch : port) {
-    if (ch < '0' || ch > '9') return bad("the port must be a number from 0 to 65535");
-    value = value * 10 + static_cast<unsigned>(ch - '0');
-  }
-  if (value > 65535) return bad("the port must be a number from 0 to 65535");
-  hp.port = static_cast<std::uint16_t>(value);
+  const auto value = detail::parse_decimal(port, 65535);
+  if (!value) return bad("the port must be a number from 0 to 65535");
+  hp.port = static_cast<std::uint16_t>(*value);
   return hp;
 }
 

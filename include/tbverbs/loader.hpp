@@ -6,6 +6,7 @@
 
 #include "config.hpp"
 #include "detail/abi.hpp"
+#include "detail/mutex.hpp"
 #include "error.hpp"
 #include "result.hpp"
 
@@ -15,8 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <deque>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -180,10 +179,15 @@ inline Result<void> resolve_all(void* handle, VerbsApi& api) {
 }
 
 /// Tables live for the whole process (libraries are never unloaded, so handles can never
-/// outlive the code they call); a deque keeps their addresses stable.
+/// outlive the code they call): a list of nodes that are never freed keeps their addresses
+/// stable. Newest first.
 struct LoadedTables {
-  std::mutex mutex;
-  std::deque<VerbsApi> tables;
+  struct Node {
+    VerbsApi api;
+    const Node* next;
+  };
+  Mutex mutex;
+  const Node* first = nullptr;
 };
 inline LoadedTables& loaded_tables() {
   static LoadedTables t;
@@ -284,9 +288,9 @@ private:
 
   static Result<Library> open_one(const std::string& path, std::string& tried) {
     auto& reg = detail::loaded_tables();
-    std::lock_guard lock(reg.mutex);
-    for (const auto& t : reg.tables)
-      if (t.origin == path || t.origin.starts_with(path + " (resolved to ")) return Library(&t);
+    detail::Lock lock(reg.mutex);
+    for (const auto* n = reg.first; n != nullptr; n = n->next)
+      if (n->api.origin == path || n->api.origin.starts_with(path + " (resolved to ")) return Library(&n->api);
     // RTLD_LOCAL: the real library and the emulator (same symbol names) must not interpose.
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
@@ -307,8 +311,8 @@ private:
     if (::dladdr(reinterpret_cast<void*>(api.get_device_list), &where) != 0 && where.dli_fname != nullptr &&
         path != where.dli_fname)
       api.origin = path + " (resolved to " + where.dli_fname + ")";
-    reg.tables.push_back(std::move(api));
-    return Library(&reg.tables.back());
+    reg.first = new detail::LoadedTables::Node{std::move(api), reg.first}; // NOLINT: never freed (above)
+    return Library(&reg.first->api);
   }
 
   const detail::VerbsApi* api_;

@@ -20,6 +20,8 @@
 
 #include "completion_queue.hpp"
 #include "config.hpp"
+#include "detail/decimal.hpp"
+#include "detail/mutex.hpp"
 #include "error.hpp"
 #include "result.hpp"
 
@@ -29,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -182,12 +183,7 @@ private:
     while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
     return s;
   }
-  static std::optional<std::uint64_t> number(std::string_view s) noexcept {
-    if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
-    std::uint64_t v = 0;
-    for (char c : s) v = v * 10 + static_cast<std::uint64_t>(c - '0');
-    return v;
-  }
+  static std::optional<std::uint64_t> number(std::string_view s) noexcept { return detail::parse_decimal(s); }
   static bool known(std::string_view k) noexcept {
     for (std::string_view n : {"tbverbs_profile", "device", "macos", "max_message_bytes", "empty_rq",
                                "completion_channels", "max_mr_bytes", "max_mrs", "max_qps"})
@@ -199,7 +195,7 @@ private:
 namespace detail {
 /// The profile named by TBVERBS_PROFILE, read once per process and per value of the variable.
 struct ProfileCache {
-  std::mutex mutex;
+  Mutex mutex;
   std::string path;
   bool loaded = false;
   std::optional<Result<MeasuredProfile>> value;
@@ -219,7 +215,7 @@ inline ProfileCache& profile_cache() {
   const std::string path = env != nullptr ? env : "";
   if (path.empty()) return MeasuredProfile{};
   auto& c = detail::profile_cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
+  detail::Lock lock(c.mutex);
   if (!c.loaded || c.path != path) {
     c.value.emplace(MeasuredProfile::load(path));
     c.path = path;

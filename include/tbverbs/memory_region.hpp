@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <span>
 #include <string>
 
@@ -68,7 +67,7 @@ private:
     void operator()(std::byte* p) const noexcept { std::free(p); }
   };
   AlignedBuffer() = default;
-  std::unique_ptr<std::byte, Free> data_;
+  detail::Unique<std::byte, Free> data_;
   std::size_t size_ = 0;
 };
 

@@ -11,7 +11,6 @@
 #include "result.hpp"
 #include "types.hpp"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -67,9 +66,10 @@ struct RegionPlan {
   /// the peer's region (and rkey). Pure.
   std::optional<std::size_t> region_of(std::size_t size, std::size_t offset, std::size_t length) const noexcept {
     if (count == 0 || offset > size || length > size - offset) return std::nullopt;
-    const std::size_t k = count > 1 ? std::min(offset / stride, count - 1) : 0;
+    const std::size_t k = count > 1 ? (offset / stride < count - 1 ? offset / stride : count - 1) : 0;
     const std::size_t start = k * stride;
-    if (offset + length > start + std::min(region_bytes, size - start)) return std::nullopt;
+    const std::size_t covered = region_bytes < size - start ? region_bytes : size - start;
+    if (offset + length > start + covered) return std::nullopt;
     return k;
   }
 };
@@ -98,7 +98,7 @@ public:
     set.regions_.reserve(plan->count);
     for (std::size_t k = 0; k < plan->count; ++k) {
       const std::size_t off = k * plan->stride;
-      const std::size_t len = std::min(plan->region_bytes, memory.size() - off);
+      const std::size_t len = plan->region_bytes < memory.size() - off ? plan->region_bytes : memory.size() - off;
       auto mr = access ? pd.reg_mr(memory.subspan(off, len), *access) : pd.reg_mr_two_sided(memory.subspan(off, len));
       if (!mr) {
         Error e = mr.error();

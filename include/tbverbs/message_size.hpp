@@ -13,7 +13,6 @@
 #include <sys/sysctl.h>
 #endif
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -49,10 +48,9 @@ inline std::size_t parse_message_bytes(std::string_view s) noexcept {
   if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) mult = std::size_t{1} << 10;
   else if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) mult = std::size_t{1} << 20;
   if (mult != 1) s.remove_suffix(1);
-  if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string_view::npos) return 0;
-  std::size_t v = 0;
-  for (char c : s) v = v * 10 + static_cast<std::size_t>(c - '0');
-  return v * mult;
+  // At most 12 digits: anything longer is absurd as a message size (and v * mult cannot overflow).
+  const auto v = s.size() <= 12 ? parse_decimal(s) : std::nullopt;
+  return v ? static_cast<std::size_t>(*v) * mult : 0;
 }
 
 /// The macOS product version as major * 100 + minor (2603 for 26.3), or 0 when unknown (not
@@ -89,7 +87,10 @@ inline int macos_version() noexcept {
                                                                     const DeviceAttributes& device,
                                                                     std::size_t wanted) {
   const bool frames = platform == Platform::apple;
-  auto round = [&](std::size_t b) { return frames ? std::max(frame_bytes, b / frame_bytes * frame_bytes) : b; };
+  auto round = [&](std::size_t b) {  // down to whole frames on Thunderbolt, at least one
+    const std::size_t whole = b / frame_bytes * frame_bytes;
+    return !frames ? b : whole > frame_bytes ? whole : frame_bytes;
+  };
   MessageSizeGuess g{wanted, "as asked"};
   if (const char* env = std::getenv("TBVERBS_MAX_MESSAGE"); env != nullptr && *env != '\0') {
     const std::size_t v = detail::parse_message_bytes(env);

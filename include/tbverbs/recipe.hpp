@@ -21,9 +21,9 @@
 #include <sys/random.h> // getentropy on macOS (glibc also declares it in unistd.h)
 #endif
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -206,13 +206,14 @@ public:
   QpTransition rtr_transition(const Endpoint& remote) const noexcept {
     QpTransition t;
     t.attr.qp_state = abi::IBV_QPS_RTR;
-    t.attr.path_mtu =
-        static_cast<abi::ibv_mtu>(std::min(static_cast<int>(local_mtu()), static_cast<int>(remote.mtu)));
+    // Mtu's values are ibv_mtu's (1 = 256 ... 5 = 4096): the smaller value is the smaller MTU.
+    const Mtu path = static_cast<int>(local_mtu()) < static_cast<int>(remote.mtu) ? local_mtu() : remote.mtu;
+    t.attr.path_mtu = static_cast<abi::ibv_mtu>(path);
     t.attr.dest_qp_num = remote.qp_num;
     t.attr.rq_psn = remote.psn;
     if (uses_grh(remote)) {
       t.attr.ah_attr.is_global = 1;
-      std::copy(remote.gid.raw().begin(), remote.gid.raw().end(), t.attr.ah_attr.grh.dgid.raw);
+      std::memcpy(t.attr.ah_attr.grh.dgid.raw, remote.gid.raw().data(), sizeof t.attr.ah_attr.grh.dgid.raw);
       // ibv_global_route's sgid_index is 8 bits: prepare() refuses a selection above 255, so
       // this never truncates (index 300 became 44, routing from another entry than advertised).
       t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());

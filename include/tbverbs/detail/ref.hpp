@@ -1,7 +1,6 @@
 /// @file ref.hpp
-/// Shared ownership for the handles' internals: an object that counts its own references
-/// (RefCounted) and the pointer that holds one (Ref), plus the owning array the completion
-/// queues keep their entries in.
+/// Ownership for the handles' internals: an object that counts its own references (RefCounted)
+/// and the pointer that holds one (Ref), and sole ownership with a release function (Unique).
 ///
 /// Why not std::shared_ptr and std::unique_ptr: `<memory>` is the largest part of the data-path
 /// header's compile time (in C++20 libstdc++'s unique_ptr.h includes `<ostream>`: 0.07 s of the
@@ -100,31 +99,47 @@ template <class T, class... Args> Ref<T> make_ref(Args&&... args) {
   return Ref<T>::adopt(new T(std::forward<Args>(args)...));
 }
 
-/// An owned array of n default-initialised T (new T[n], delete[]), move-only.
-template <class T> class OwnedArray {
+/// Sole ownership of a T* that `Free` (a function object) releases: what std::unique_ptr with a
+/// deleter does, for the owners in the core headers (a CQ's kept completions, the device list,
+/// an aligned buffer). Move-only; null after a move or reset().
+template <class T, class Free> class Unique {
 public:
-  OwnedArray() noexcept = default;
-  /// Allocates n elements (throws std::bad_alloc as new[] does).
-  explicit OwnedArray(std::size_t n) : p_(new T[n]) {}
-  OwnedArray(const OwnedArray&) = delete;
-  OwnedArray& operator=(const OwnedArray&) = delete;
-  OwnedArray(OwnedArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  OwnedArray& operator=(OwnedArray&& o) noexcept {
+  Unique() noexcept = default;
+  explicit Unique(T* p, Free free = Free{}) noexcept : p_(p), free_(free) {}
+  Unique(const Unique&) = delete;
+  Unique& operator=(const Unique&) = delete;
+  Unique(Unique&& o) noexcept : p_(std::exchange(o.p_, nullptr)), free_(o.free_) {}
+  Unique& operator=(Unique&& o) noexcept {
     if (this != &o) {
-      delete[] p_;
+      reset();
       p_ = std::exchange(o.p_, nullptr);
+      free_ = o.free_;
     }
     return *this;
   }
-  ~OwnedArray() { delete[] p_; }
+  ~Unique() { reset(); }
 
-  T& operator[](std::size_t i) const noexcept { return p_[i]; }
   T* get() const noexcept { return p_; }
+  T& operator[](std::size_t i) const noexcept { return p_[i]; }
   explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// Releases what it owns (if anything) and owns `p` instead.
+  void reset(T* p = nullptr) noexcept {
+    if (T* old = std::exchange(p_, p)) free_(old);
+  }
 
 private:
   T* p_ = nullptr;
+  Free free_{};
 };
+
+/// delete[] as a Free for Unique.
+template <class T> struct DeleteArray {
+  void operator()(T* p) const noexcept { delete[] p; }
+};
+/// An owned array of T (new T[n], delete[]).
+template <class T> using OwnedArray = Unique<T, DeleteArray<T>>;
+/// n default-initialised T (throws std::bad_alloc as new[] does).
+template <class T> OwnedArray<T> make_array(std::size_t n) { return OwnedArray<T>(new T[n]); }
 
 } // namespace detail
 TBVERBS_NAMESPACE_END

@@ -5,7 +5,6 @@
 
 #include "../config.hpp"
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -40,24 +39,33 @@ inline std::uint64_t get_be(const std::byte* in, int n) noexcept {
 }
 
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup tables for slicing-by-8:
-/// table[0] is the classic byte table, table[k] advances a byte k positions further.
-inline constexpr auto crc32_tables = [] {
-  std::array<std::array<std::uint32_t, 256>, 8> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (std::size_t k = 1; k < 8; ++k)
-    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
-  return t;
-}();
+/// table[k] advances a byte k positions further than table[0], the classic byte table.
+struct Crc32Tables {
+  std::uint32_t t[8][256];
+};
+/// The tables, computed on first use (a few microseconds, once per process). Not constexpr on
+/// purpose: evaluating the 2048 entries at compile time cost every translation unit that
+/// includes an endpoint or side-channel header about 0.05 s (issue 8, finding 14).
+inline const Crc32Tables& crc32_tables() noexcept {
+  static const Crc32Tables tables = [] {
+    Crc32Tables x{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      x.t[0][i] = c;
+    }
+    for (std::size_t k = 1; k < 8; ++k)
+      for (std::size_t i = 0; i < 256; ++i) x.t[k][i] = (x.t[k - 1][i] >> 8) ^ x.t[0][x.t[k - 1][i] & 0xFFu];
+    return x;
+  }();
+  return tables;
+}
 
 /// CRC-32 of `bytes`, continuing from `crc` (crc32("123456789") == 0xCBF43926). Eight bytes per
 /// step (slicing-by-8, several times faster than a byte at a time: side-channel frames reach
 /// 64 MiB). The one CRC of every tbverbs wire form (endpoints, side-channel frames).
-constexpr std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
-  const auto& t = crc32_tables;
+inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
+  const auto& t = crc32_tables().t;
   std::uint32_t c = ~crc;
   const std::byte* p = bytes.data();
   std::size_t n = bytes.size();

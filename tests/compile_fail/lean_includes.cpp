@@ -1,1 +1,0 @@
-#include <tbverbs/data_path.hpp>
