@@ -23,12 +23,20 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
+/// The completion-queue entries of a link whose QP has these send and receive depths: every
+/// outstanding send and every posted receive, plus a margin (field-failures #6: an overrun loses
+/// completions). Link::connect_links sizes its CQs with it; JobNeeds counts it against max_cqe.
+constexpr std::uint32_t link_cq_entries(std::uint32_t send_depth, std::uint32_t recv_depth) noexcept {
+  return send_depth + recv_depth + 16;
+}
+
 /// What one device allows a job, from its caps (0 = no limit known).
 struct DeviceLimits {
   std::string device;              ///< Device name (for the error).
   Platform platform = Platform::any; ///< Provider family.
   int qps = 0;                     ///< Usable queue pairs (usable_qps(): 10 on Apple whatever max_qp says).
   int cqs = 0;                     ///< Completion queues (max_cq: 11 on Apple).
+  int cq_entries = 0;              ///< Entries per completion queue (max_cqe).
   int pds = 0;                     ///< Protection domains (max_pd: 11 on Apple, leaked ones count).
   int mrs = 0;                     ///< Memory regions (max_mr: 100 on Apple).
   std::uint64_t max_mr_bytes = 0;  ///< Largest region (max_mr_size: 16,384,000 on Apple).
@@ -59,6 +67,7 @@ struct DeviceLimits {
     l.platform = platform;
     l.qps = usable_qps(attrs, platform);
     l.cqs = attrs.max_cq;
+    l.cq_entries = attrs.max_cqe;
     l.pds = max_pd;
     l.mrs = attrs.max_mr;
     l.max_mr_bytes = attrs.max_mr_size;
@@ -84,6 +93,7 @@ struct JobShape {
 struct JobNeeds {
   int qps = 0;                      ///< Queue pairs.
   int cqs = 0;                      ///< Completion queues.
+  std::uint32_t cq_entries = 0;     ///< Entries of each link's CQ (link_cq_entries of the depth).
   int pds = 0;                      ///< Protection domains.
   int mrs = 0;                      ///< Memory regions.
   std::uint32_t depth = 0;          ///< Deepest queue asked for (frames on Apple, else WRs).
@@ -91,7 +101,8 @@ struct JobNeeds {
 
   /// The needs of `shape` on a device with `limits`: one PD; per link a QP, a CQ and (when
   /// counted) a warm-up region; regions per buffer as RegionPlan::make splits it within
-  /// max_mr_size; a depth of 2 x window messages plus one (in frames on Apple).
+  /// max_mr_size; a depth of 2 x window messages plus one (in frames on Apple), and CQs of
+  /// link_cq_entries(depth, depth).
   /// Errors: RegionPlan::make's (`capacity`, a message too large for a region).
   [[nodiscard]] static Result<JobNeeds> of(const JobShape& shape, const DeviceLimits& limits) {
     JobNeeds n;
@@ -100,6 +111,7 @@ struct JobNeeds {
     n.pds = shape.links > 0 || !shape.buffers.empty() ? 1 : 0;
     const std::uint32_t per = limits.frames ? frames_of(shape.message_bytes) : 1;
     n.depth = per * 2 * static_cast<std::uint32_t>(std::max(1, shape.window)) + per;
+    n.cq_entries = shape.links > 0 ? link_cq_entries(n.depth, n.depth) : 0;
     if (shape.warmup_regions) {
       n.mrs += shape.links;
       n.registered_bytes += static_cast<std::uint64_t>(shape.links) * (2 * shape.message_bytes + frame_bytes);
@@ -151,6 +163,9 @@ inline std::vector<Shortfall> shortfalls(const JobNeeds& needs, const DeviceLimi
   check(limits.frames ? "frames per queue" : "WRs per queue", needs.depth, limits.max_depth, 0,
         limits.frames ? "depths count 4 KiB frames, at most 4095 (TN3205); a smaller window or smaller messages"
                       : "max_qp_wr; a smaller window");
+  check("CQ entries", needs.cq_entries, limits.cq_entries, 0,
+        limits.frames ? "max_cqe; each link's CQ holds both queues' depths in frames: a smaller window or smaller messages"
+                      : "max_cqe; a smaller window");
   return out;
 }
 
@@ -179,6 +194,7 @@ inline std::string budget_summary(const JobNeeds& needs, const DeviceLimits& lim
          of(static_cast<std::uint64_t>(needs.pds), limits.pds, "PDs") + ", " +
          of(static_cast<std::uint64_t>(needs.mrs), limits.mrs, "MRs") + ", " +
          of(needs.depth, limits.max_depth, limits.frames ? "frames per queue" : "WRs per queue") + ", " +
+         of(needs.cq_entries, limits.cq_entries, "CQ entries") + ", " +
          std::to_string(needs.registered_bytes) + " bytes registered";
 }
 

@@ -9,6 +9,7 @@
 /// 4 KiB frames, one registered warm-up buffer per link, freed once the link is verified).
 #pragma once
 
+#include "budget.hpp"
 #include "explain.hpp"
 #include "measured_profile.hpp"
 #include "memory_region_set.hpp"
@@ -63,7 +64,7 @@ struct LinkOptions {
   std::chrono::milliseconds timeout{30000};
   /// How often a completion wait probes the side channel for a dead peer.
   std::chrono::milliseconds liveness_interval{20};
-  /// Completion-queue entries; 0 means the recipe's send plus receive depth plus a margin.
+  /// Completion-queue entries; 0 means link_cq_entries() of the recipe's send and receive depths (budget.hpp).
   int cq_entries = 0;
   /// Called after each failed warm-up attempt that will be retried (for progress output); may be
   /// empty. The last failure is the returned error instead.
@@ -478,7 +479,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
       const LinkSpec& sp = specs[i];
       const QpCapacities& c = sp.recipe->requested_capacities();
       const int entries =
-          options.cq_entries > 0 ? options.cq_entries : static_cast<int>(c.max_send_wr + c.max_recv_wr + 16);
+          options.cq_entries > 0 ? options.cq_entries : static_cast<int>(link_cq_entries(c.max_send_wr, c.max_recv_wr));
       // Apple: polling, unless tbverbs-probe measured channels that work (TBVERBS_PROFILE).
       auto cq = sp.context->create_cq(entries, measured_cq_wait(sp.context->platform()));
       if (!cq) return fail(with_link(cq.error(), i));

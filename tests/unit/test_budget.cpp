@@ -103,3 +103,31 @@ TEST_CASE("unknown limits are never short; rdma-core counts work requests", "[bu
   CHECK(n->depth == 17); // WRs, not frames
   CHECK(shortfalls(*n, l).empty());
 }
+
+TEST_CASE("a link's CQ must hold both queues' depths: more than max_cqe is a shortfall, not a failed create_cq", "[budget]") {
+  // A window of 16 messages of 256 KiB on Thunderbolt: 64 x 33 = 2112 frames per queue fit 4095,
+  // but the link's CQ would need 2 x 2112 + 16 = 4240 entries.
+  DeviceLimits l = thunderbolt();
+  l.cq_entries = 4096;
+  JobShape s;
+  s.links = 2;
+  s.message_bytes = 256 * 1024;
+  s.window = 16;
+  auto n = JobNeeds::of(s, l);
+  REQUIRE(n);
+  CHECK(n->depth == 2112);
+  CHECK(n->cq_entries == link_cq_entries(2112, 2112));
+  CHECK(n->cq_entries == 4240);
+  const auto sf = shortfalls(*n, l);
+  REQUIRE(sf.size() == 1);
+  CHECK(sf[0].what == "CQ entries");
+  CHECK(sf[0].allows == 4096);
+  auto r = check_budget(*n, l);
+  REQUIRE_FALSE(r);
+  CHECK(std::string(r.error().detail.view()).find("CQ entries: needs 4240, allows 4096") != std::string::npos);
+  s.window = 15; // 64 x 31 = 1984 frames: 3984 entries fit
+  auto fits = JobNeeds::of(s, l);
+  REQUIRE(fits);
+  CHECK(shortfalls(*fits, l).empty());
+  CHECK(budget_summary(*fits, l).find("3984 of 4096 CQ entries") != std::string::npos);
+}

@@ -321,6 +321,9 @@ case "$CASE" in
     refuse "--mesh has one cable between every pair of hosts" --local 4 --mesh --cables 2 --iters 1
     refuse "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
     refuse "FAILED during .*the latency algorithm takes sums of up to 1048576 bytes per rank" --local 2 --algorithm latency --size 2M --iters 1
+    # A window whose queues fit 4095 frames but whose link CQs would exceed max_cqe: the budget
+    # says so before any CQ is made (it failed at ibv_create_cq with EINVAL).
+    refuse "FAILED during setting up the ring: .*CQ entries: needs 4240, allows 4096" --local 2 --window 16 --message-bytes 256K --size 1M --iters 1
     "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
     echo '[[null, ["rdma_en2", 7]], [["rdma_en1", "rdma_en2"], null]]' >"$WORK/devices.json"
     ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
