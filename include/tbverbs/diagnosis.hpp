@@ -13,7 +13,6 @@
 
 #include <cerrno>
 #include <cstddef>
-#include <iterator>
 #include <string_view>
 
 TBVERBS_NAMESPACE_BEGIN
