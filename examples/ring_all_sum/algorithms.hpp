@@ -289,9 +289,33 @@ inline Result<bool> Ring::sleep_on_links(std::span<tbverbs::Link* const> sleeper
   return true;
 }
 
+template <class Describe>
+inline Result<void> Ring::watch(Watch& w, bool progress, const Describe& describe_wait) {
+  const auto now = std::chrono::steady_clock::now();
+  if (progress) {
+    w.last_progress = now;
+    w.idle = 0;
+  } else {
+    ++w.idle;
+  }
+  if (now - w.last_check > std::chrono::milliseconds(20)) {
+    w.last_check = now;
+    if (auto alive = sc_.check_peers(); !alive) {
+      where_ = "the all_sum, waiting for " + describe_wait();
+      return fail(alive.error());
+    }
+  }
+  if (now - w.last_progress > cfg_.timeout) {
+    where_ = "the all_sum";
+    return fail(Error::make(Step::collective, ErrorKind::timeout,
+                            "no progress for " + std::to_string(cfg_.timeout.count()) + " ms waiting for " +
+                                describe_wait()));
+  }
+  return {};
+}
+
 template <class Schedule>
 inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<void>()>& before_start) {
-  using clock = std::chrono::steady_clock;
   const std::size_t W = static_cast<std::size_t>(cfg_.window);
   const std::size_t S = slots_;  // receives posted ahead per direction
   const std::size_t m = plan.m, T = plan.T;
@@ -424,9 +448,7 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
   // 2. The progress loop: completions in, receives re-posted, sends out; never blocks for
   //    longer than a slice, probes the side channel for dead or aborting ranks.
   tbverbs::WorkCompletion wc[32];
-  auto last_progress = clock::now();
-  auto last_check = last_progress;
-  unsigned idle = 0;
+  Watch watchdog;
   constexpr std::size_t max_wait = 16;  // links wait_any sleeps on at once
   tbverbs::Link* sleepers[max_wait];
   const std::size_t ring_links = first_[2];  // the mesh links carry nothing here
@@ -481,7 +503,7 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
         progress = true;
       }
     }
-    if (idle > 16) {  // nothing happened for a while
+    if (watchdog.idle > 16) {  // nothing happened for a while
       auto slept = sleep_on_links(std::span(sleepers, nsleep), wc, describe_wait, handle);
       if (!slept) return fail(slept.error());
       progress = progress || *slept;
@@ -496,28 +518,7 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
       if (*got > 0) progress = true;
     }
     if (received[0] == T && received[1] == T && send_done[0] == T && send_done[1] == T) break;
-
-    const auto now = clock::now();
-    if (progress) {
-      last_progress = now;
-      idle = 0;
-    } else {
-      ++idle;
-    }
-    if (now - last_check > std::chrono::milliseconds(20)) {
-      last_check = now;
-      if (auto alive = sc_.check_peers(); !alive) {
-        where_ = "the all_sum, waiting for " + describe_wait();
-        return fail(alive.error());
-      }
-    }
-    if (now - last_progress > cfg_.timeout) {
-      where_ = "the all_sum";
-      Error e = Error::make(Step::collective, ErrorKind::timeout,
-                            "no progress for " + std::to_string(cfg_.timeout.count()) + " ms waiting for " +
-                                describe_wait());
-      return fail(e);
-    }
+    if (auto w = watch(watchdog, progress, describe_wait); !w) return w;
   }
   plan.finish();
   return {};
@@ -528,7 +529,6 @@ inline Result<void> Ring::pipeline(Schedule& plan, const std::function<Result<vo
 // receives up to j + window). Piece j of peer p lands in p's place of the gather area.
 inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place,
                                        const std::function<Result<void>()>& before_start) {
-  using clock = std::chrono::steady_clock;
   const int n = cfg_.size, me = cfg_.rank;
   if (!fully_connected())
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
@@ -606,9 +606,7 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
   };
 
   tbverbs::WorkCompletion wc[32];
-  auto last_progress = clock::now();
-  auto last_check = last_progress;
-  unsigned idle = 0;
+  Watch watchdog;
   constexpr std::size_t max_wait = 16;
   tbverbs::Link* sleepers[max_wait];
   const std::size_t nsleep = std::min(np, max_wait);
@@ -655,7 +653,7 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
         progress = true;
       }
     }
-    if (idle > 16) {
+    if (watchdog.idle > 16) {
       auto slept = sleep_on_links(std::span(sleepers, nsleep), wc, describe_wait, [&](std::size_t which, std::size_t got) {
         auto h = handle(peers[which], got);
         if (!h) where_ = "receiving the mesh all_sum";
@@ -680,26 +678,7 @@ inline Result<void> Ring::mesh_all_sum(std::size_t count, DType t, bool in_place
       done = done && q.received == T && q.send_done == T;
     }
     if (done) break;
-    const auto now = clock::now();
-    if (progress) {
-      last_progress = now;
-      idle = 0;
-    } else {
-      ++idle;
-    }
-    if (now - last_check > std::chrono::milliseconds(20)) {
-      last_check = now;
-      if (auto alive = sc_.check_peers(); !alive) {
-        where_ = "the all_sum, waiting for " + describe_wait();
-        return fail(alive.error());
-      }
-    }
-    if (now - last_progress > cfg_.timeout) {
-      where_ = "the all_sum";
-      return fail(Error::make(Step::collective, ErrorKind::timeout,
-                              "no progress for " + std::to_string(cfg_.timeout.count()) + " ms waiting for " +
-                                  describe_wait()));
-    }
+    if (auto w = watch(watchdog, progress, describe_wait); !w) return w;
   }
   // Every vector is here: sum them in rank order (the same order on every rank).
   add(t, dst, base + area(0), base + area(1), count);

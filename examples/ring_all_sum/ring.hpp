@@ -251,6 +251,15 @@ private:
   template <class Describe, class OnBatch>
   Result<bool> sleep_on_links(std::span<tbverbs::Link* const> sleepers, std::span<tbverbs::WorkCompletion> wc,
                               const Describe& describe_wait, const OnBatch& on_batch);
+  // An engine's watch over its own progress, updated once per round of its loop: counts idle
+  // rounds (after 16 the engine sleeps on its links), probes the peers every 20 ms (a dead or
+  // aborting rank is reported at once), and gives up after cfg_.timeout without progress.
+  struct Watch {
+    std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point last_check = last_progress;
+    unsigned idle = 0;
+  };
+  template <class Describe> Result<void> watch(Watch& w, bool progress, const Describe& describe_wait);
   friend struct RingSchedule;
   friend struct LatencySchedule;
 
