@@ -5,6 +5,8 @@
 
 #include <tbverbs/detail/socket.hpp>
 
+#include "../../tools/common/local_scratch.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
@@ -218,18 +220,12 @@ inline int run_local(const LocalOptions& o) {
     std::fprintf(stderr, "--local: the number of ranks must be 2..64 (a ring needs two)\n");
     return 2;
   }
-  char tmpl[] = "/tmp/tbverbs-ring-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) {
-    std::perror("mkdtemp");
-    return 2;
-  }
-  const fs::path dir = tmpl;
-  // The emulator's shared state (every QP's receive ring, every CQ) belongs in memory, not on a
-  // disk-backed /tmp: /dev/shm when there is one.
-  // (Only for a fabric generated here: an existing one keeps the emulator's own state directory.)
-  std::string state_dir = (dir / "state").string();
-  char shm_tmpl[] = "/dev/shm/tbverbs-ring-XXXXXX";
-  if (o.fabric.empty() && ::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm_tmpl) != nullptr) state_dir = shm_tmpl;
+  // The emulator's state in memory, for a fabric generated here only: an existing one keeps the
+  // emulator's own state directory.
+  const auto scratch = cli::LocalScratch::make("ring", o.fabric.empty());
+  if (!scratch) return 2;
+  const fs::path& dir = scratch->dir;
+  const std::string& state_dir = scratch->state;
   std::string fabric = o.fabric;
   if (fabric.empty()) {
     fabric = (dir / "fabric.json").string();
@@ -462,11 +458,7 @@ inline int run_local(const LocalOptions& o) {
   else std::printf("launcher: FAILED: %d of %d ranks did not exit 0\n", failed, n);
   std::fflush(stdout);
 
-  std::error_code ec;
-  if (!o.keep) {
-    fs::remove_all(dir, ec);
-    if (o.fabric.empty()) fs::remove_all(state_dir, ec);
-  }
+  if (!o.keep) scratch->remove();
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   ::sigaction(SIGPIPE, &old_pipe, nullptr);

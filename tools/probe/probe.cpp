@@ -14,6 +14,7 @@
 // and MRs the process still holds at the end: none). Both ends run the same sequence of steps,
 // kept in step over the side channel; a step that fails on one end is skipped on both.
 #include "../common/launcher_env.hpp"
+#include "../common/local_scratch.hpp"
 #include "../common/size_arg.hpp"
 
 #include <tbverbs/budget.hpp>
@@ -1260,15 +1261,10 @@ int run_local(const Options& o) {
     std::fprintf(stderr, "--local needs the emulated verbs library: pass --emu-library PATH\n");
     return 2;
   }
-  char tmpl[] = "/tmp/tbverbs-probe-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) {
-    std::perror("mkdtemp");
-    return 2;
-  }
-  const fs::path dir = tmpl;
-  std::string state = (dir / "state").string();
-  char shm[] = "/dev/shm/tbverbs-probe-XXXXXX";
-  if (::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm) != nullptr) state = shm;
+  const auto scratch = cli::LocalScratch::make("probe");
+  if (!scratch) return 2;
+  const fs::path& dir = scratch->dir;
+  const std::string& state = scratch->state;
   json quirks = json::object();
   for (const auto& q : o.quirks) {
     const auto eq = q.find('=');
@@ -1319,11 +1315,7 @@ int run_local(const Options& o) {
     int st = 0;
     if (::waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
   }
-  std::error_code ec;
-  if (!o.keep) {
-    fs::remove_all(dir, ec);
-    fs::remove_all(state, ec);
-  }
+  if (!o.keep) scratch->remove();
   return rc;
 }
 
