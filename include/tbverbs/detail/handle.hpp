@@ -186,9 +186,18 @@ template <class T> struct Kept {
 template <class T> class Owned {
 public:
   Owned() = default;
-  /// Owns `p` (nothing when null), destroyed with `destroy`; `parent` is kept until then.
-  Owned(T* p, int (*destroy)(T*), Ref<RefCounted> parent)
-      : node_(p != nullptr ? make_ref<OwnedNode<T>>(p, destroy, std::move(parent)) : Ref<OwnedNode<T>>()) {}
+  /// Owns `p` (nothing when null), destroyed with `destroy`; `parent` is kept until then. If the
+  /// node cannot be allocated, `p` is destroyed before std::bad_alloc propagates (as
+  /// std::shared_ptr's constructor does), so the verbs object never leaks.
+  Owned(T* p, int (*destroy)(T*), Ref<RefCounted> parent) {
+    if (p == nullptr) return;
+    try {
+      node_ = make_ref<OwnedNode<T>>(p, destroy, std::move(parent));
+    } catch (...) {
+      if (destroy != nullptr) (void)destroy(p);
+      throw;
+    }
+  }
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
   Owned(Owned&&) noexcept = default;
