@@ -111,3 +111,25 @@ function(tbverbs_uninstrumented_env out tsan_out)
     set(${tsan_out} FALSE PARENT_SCOPE)
   endif()
 endfunction()
+
+# tbverbs_find_cli11()
+#   The one lookup of CLI11 for the emulator's CLI, the examples, the tools and the benchmarks:
+#   defines the INTERFACE target tbverbs_cli11 when CLI11's CMake package or its header alone
+#   (/usr/include/CLI/CLI.hpp; CLI11 is header-only) is found; callers test TARGET tbverbs_cli11
+#   and link it. The package's include directories are copied rather than its imported target
+#   linked, because an imported target is visible only in the directory that found it.
+function(tbverbs_find_cli11)
+  if(TARGET tbverbs_cli11)
+    return()
+  endif()
+  find_package(CLI11 QUIET)
+  if(TARGET CLI11::CLI11)
+    add_library(tbverbs_cli11 INTERFACE)
+    get_target_property(_inc CLI11::CLI11 INTERFACE_INCLUDE_DIRECTORIES)
+    if(_inc)
+      target_include_directories(tbverbs_cli11 SYSTEM INTERFACE ${_inc})
+    endif()
+  elseif(EXISTS /usr/include/CLI/CLI.hpp)
+    add_library(tbverbs_cli11 INTERFACE)
+  endif()
+endfunction()

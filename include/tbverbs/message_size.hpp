@@ -4,6 +4,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "detail/decimal.hpp"
 #include "error.hpp"
 #include "measured_profile.hpp"
 #include "result.hpp"
@@ -42,15 +43,10 @@ struct MessageSizeGuess {
 };
 
 namespace detail {
-/// Parses "65536", "64K", "16M" (bytes); 0 when malformed or absurd.
+/// Parses "65536", "64K", "16M" (bytes; parse_size's syntax, at most 1 TiB); 0 when malformed or
+/// absurd.
 inline std::size_t parse_message_bytes(std::string_view s) noexcept {
-  std::size_t mult = 1;
-  if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) mult = std::size_t{1} << 10;
-  else if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) mult = std::size_t{1} << 20;
-  if (mult != 1) s.remove_suffix(1);
-  // At most 12 digits: anything longer is absurd as a message size (and v * mult cannot overflow).
-  const auto v = s.size() <= 12 ? parse_decimal(s) : std::nullopt;
-  return v ? static_cast<std::size_t>(*v) * mult : 0;
+  return static_cast<std::size_t>(parse_size(s, std::uint64_t{1} << 40).value_or(0));
 }
 
 /// The macOS product version as major * 100 + minor (2603 for 26.3), or 0 when unknown (not
@@ -70,7 +66,7 @@ inline int macos_version() noexcept {
 } // namespace detail
 
 /// The largest message to try on a port of `platform`, before a warm-up confirms it:
-///  1. `TBVERBS_MAX_MESSAGE` (bytes, or with a K or M suffix) when set: the operator knows;
+///  1. `TBVERBS_MAX_MESSAGE` (bytes, or with a K, M or G suffix: detail::parse_size) when set: the operator knows;
 ///  2. else the port's max_msg_sz (TN3205: 16,773,120 = 4095 frames), capped at half the
 ///     device's max_mr_size (a message must fit in one region of a MemoryRegionSet);
 ///  3. the largest message tbverbs-probe delivered intact on this host, when `TBVERBS_PROFILE`

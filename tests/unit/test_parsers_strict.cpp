@@ -65,3 +65,27 @@ TEST_CASE("AlignedBuffer::allocate(SIZE_MAX) is an error, not a buffer of 0 byte
   REQUIRE(page);
   CHECK(page->size() == tbverbs::AlignedBuffer::page_size());
 }
+
+TEST_CASE("the one number and size parser (detail/decimal.hpp): digits only, suffixes K/M/G and B, overflow refused",
+          "[parsers]") {
+  using tbverbs::detail::parse_decimal;
+  using tbverbs::detail::parse_size;
+  CHECK(parse_decimal("0") == 0u);
+  CHECK(parse_decimal("65535", 65535) == 65535u);
+  CHECK_FALSE(parse_decimal("65536", 65535));
+  CHECK(parse_decimal("18446744073709551615") == UINT64_MAX);
+  CHECK_FALSE(parse_decimal("18446744073709551616")); // one above: overflow, not a wrap
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1e3", "12a"}) CHECK_FALSE(parse_decimal(bad));
+  constexpr std::uint64_t tib = std::uint64_t{1} << 40;
+  CHECK(parse_size("123", tib) == 123u);
+  CHECK(parse_size("4K", tib) == 4096u);
+  CHECK(parse_size("4k", tib) == 4096u);
+  CHECK(parse_size("4KB", tib) == 4096u);
+  CHECK(parse_size("64M", tib) == (64u << 20));
+  CHECK(parse_size("1G", tib) == (std::uint64_t{1} << 30));
+  CHECK(parse_size("1024G", tib) == tib);
+  CHECK_FALSE(parse_size("1025G", tib));
+  for (const char* bad : {"", "B", "K", "KB", "1T", "1KK", "-4K", "4 K", "99999999999999999999999"})
+    CHECK_FALSE(parse_size(bad, tib));
+  static_assert(parse_size("16M", tib) == (16u << 20)); // constexpr, as the tools' option checks use it
+}

@@ -1,6 +1,7 @@
 /// @file decimal.hpp
 /// The one parser of unsigned decimal numbers in text a user typed or a file holds (ports,
-/// sizes, GID indices, profile values): digits only, overflow refused.
+/// GID indices, profile values; digits only, overflow refused), and of byte sizes written with a
+/// K, M or G suffix (TBVERBS_MAX_MESSAGE, and every example's and tool's size options).
 #pragma once
 
 #include "../config.hpp"
@@ -24,6 +25,27 @@ constexpr std::optional<std::uint64_t> parse_decimal(std::string_view s, std::ui
     v = v * 10 + d;
   }
   return v;
+}
+
+/// "64M", "4K", "1G", "4KB", "123" as bytes (K, M and G 1024-based, either case, an optional
+/// trailing B); nullopt for anything else or above `max`.
+constexpr std::optional<std::uint64_t> parse_size(std::string_view s, std::uint64_t max) noexcept {
+  auto upper = [](char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c; };
+  if (!s.empty() && upper(s.back()) == 'B') {
+    s.remove_suffix(1);
+    if (s.empty()) return std::nullopt;
+  }
+  std::uint64_t mult = 1;
+  if (!s.empty()) {
+    const char unit = upper(s.back());
+    if (unit == 'K' || unit == 'M' || unit == 'G') {
+      mult = std::uint64_t{1} << (unit == 'K' ? 10 : unit == 'M' ? 20 : 30);
+      s.remove_suffix(1);
+    }
+  }
+  const auto v = parse_decimal(s, max / mult);
+  if (!v) return std::nullopt;
+  return *v * mult;
 }
 
 } // namespace detail
