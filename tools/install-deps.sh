@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tbverbs' build, tests, examples and benchmarks need.
-# Catch2 v3 is only in bookworm-backports: the suite is added to the machine's existing
-# Debian apt source (its URI is reused, never written here).
+# Installs the Debian packages tbverbs' build, tests, examples and benchmarks need: every line of
+# tools/deps.txt, the one list (debian/control and docs/packaging.md are checked against it).
+# Catch2 v3 is only in bookworm-backports (role `backports`): the suite is added to the machine's
+# existing Debian apt source (its URI is reused, never written here).
+#
+#   tools/install-deps.sh                 install what is missing (as root, or through sudo)
+#   tools/install-deps.sh --list [ROLE]   print the packages it installs (of one role), one a line
 set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+list="$here/deps.txt"
+
+# The packages of tools/deps.txt, optionally of one role (build, package, test, backports).
+packages_of() {
+  awk -v role="${1:-}" '!/^[[:space:]]*(#|$)/ && (role == "" || $2 == role) {print $1}' "$list"
+}
+
+if [ "${1:-}" = "--list" ]; then
+  packages_of "${2:-}"
+  exit 0
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 
 add_backports() {
-  local codename src uri
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+  local src uri
   if grep -rqs "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null; then
     return 0
   fi
@@ -27,27 +44,24 @@ add_backports() {
     "$uri" "$codename" | $SUDO tee /etc/apt/sources.list.d/tbverbs-backports.sources >/dev/null
 }
 
-need_catch2() { ! dpkg-query -W -f='${Version}' libcatch2-dev 2>/dev/null | grep -q '^3'; }
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+# Catch2 must be version 3 (Debian 12's own libcatch2-dev is 2.x).
+backport_ok() { [ "$1" != libcatch2-dev ] || dpkg-query -W -f='${Version}' libcatch2-dev 2>/dev/null | grep -q '^3'; }
 
-packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-19 libclang-rt-19-dev doxygen graphviz
-          libibverbs-dev libibverbs1 ibverbs-utils nlohmann-json3-dev libcli11-dev
-          valgrind iproute2 gnuplot-nox pkg-config libc++-19-dev libc++abi-19-dev
-          perftest rdmacm-utils python3-pyverbs)
+missing=() missing_backports=()
+while read -r p; do installed "$p" || missing+=("$p"); done < <(awk '!/^[[:space:]]*(#|$)/ && $2 != "backports" {print $1}' "$list")
+while read -r p; do { installed "$p" && backport_ok "$p"; } || missing_backports+=("$p"); done < <(packages_of backports)
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-
-if [ ${#missing[@]} -gt 0 ] || need_catch2; then
-  add_backports
+if [ ${#missing[@]} -gt 0 ] || [ ${#missing_backports[@]} -gt 0 ]; then
+  [ ${#missing_backports[@]} -eq 0 ] || add_backports
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]}"
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
-  if need_catch2; then
-    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-    $SUDO apt-get install -y -qq --no-install-recommends -t "${codename}-backports" libcatch2-dev
+  if [ ${#missing_backports[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing_backports[*]} from ${codename}-backports"
+    $SUDO apt-get install -y -qq --no-install-recommends -t "${codename}-backports" "${missing_backports[@]}"
   fi
 fi
