@@ -14,9 +14,10 @@
 # Environment: RANKS (default "2 3 4 8"), MIN_SIZE (4K), MAX_SIZE (256M), DTYPE (float32),
 # LINK_GBPS (0.25; 0: unpaced, no model), LINK_LATENCY_US (150), EXTRA (more ring_all_sum
 # arguments, e.g. "--algorithm ring" or "--message-bytes 128K --window 4").
-# The default link is Thunderbolt 5's (9.4 GB/s, 4 us: field-failures.md 4b) slowed down 37.6
-# times, bandwidth and latency alike: the CPUs of one machine are then not the limit, and the
-# bandwidth-delay product (37.6 KB), which places the algorithms' crossover, is the real link's.
+# The default link is Thunderbolt 5's (9.4 GB/s, 4 us: docs/field-reports.md section 4b) slowed
+# down 37.6 times, bandwidth and latency alike: the CPUs of one machine are then not the limit,
+# and the bandwidth-delay product (37.6 KB), which places the algorithms' crossover, is the real
+# link's.
 # Not part of the test suite: it takes minutes. Progress goes to the terminal as it happens.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -290,7 +290,7 @@ struct PeerView {
 inline bool peer_ready(const ShmQp* p, const ShmQp* me) {
   uint32_t st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
   // p->wire != me->wire: a RoCE v1 end and a RoCE v2 end (rdma-core-roce) do not hear each
-  // other; RC retries until RETRY_EXC_ERR, UC loses it (field-failures.md row 23; our model).
+  // other; RC retries until RETRY_EXC_ERR, UC loses it (docs/field-reports.md row 23; our model).
   return (st == IBV_QPS_RTR || st == IBV_QPS_RTS) && p->type == me->type && p->dest_qpn == me->qpn &&
          static_cast<int32_t>(p->port) == me->peer_port && p->wire == me->wire;
 }

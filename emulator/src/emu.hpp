@@ -27,7 +27,7 @@ namespace emu {
 // thunderbolt: Apple's driver. rdma-core-rc: a generic RC NIC (one RoCE v2 entry per
 // address). rdma-core-roce: an mlx5-style RoCE port (every address as a RoCE v1 and a
 // RoCE v2 entry). rdma-core-ib: an InfiniBand port (LIDs, subnet-prefix GIDs only).
-// Sources of the last two: field-failures.md section 4b, "rdma-core NICs".
+// Sources of the last two: docs/field-reports.md section 4b, "rdma-core NICs".
 enum class Profile : uint32_t { Thunderbolt = 0, RdmaCoreRc = 1, RdmaCoreRoce = 2, RdmaCoreIb = 3 };
 const char* profile_name(Profile p);
 

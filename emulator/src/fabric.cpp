@@ -851,7 +851,7 @@ bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
   const PortDef& pd = f.ports[port];
   switch (f.devices[pd.device].profile) {
     case Profile::RdmaCoreRoce:
-      // field-failures.md 4b: mlx5 publishes every address twice, RoCE v1 then RoCE v2:
+      // docs/field-reports.md section 4b: mlx5 publishes every address twice, RoCE v1 then RoCE v2:
       // 0/1 = fe80:: (v1/v2), 2/3 = ::ffff:a.b.c.d, 4/5 = a global IPv6 address. Our
       // assumption: fixed slots (an address that goes away leaves its two slots empty).
       if (index <= 1) {
@@ -865,7 +865,8 @@ bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
       }
       return false;
     case Profile::RdmaCoreIb:
-      // field-failures.md 4b: only the port GID, subnet prefix (default fe80::/64) + GUID.
+      // docs/field-reports.md section 4b: only the port GID, subnet prefix (default fe80::/64)
+      // + GUID.
       if (index != 0) return false;
       link_local_gid(f, port, 0, out);
       std::memcpy(out->raw, pd.subnet_prefix, 8);

@@ -2,7 +2,7 @@
 // Apple's driver, with their sources. docs/emulator.md mirrors both tables.
 //
 // Sources: "TN3205" is Apple's technical note on RDMA over Thunderbolt; "[R] ..."
-// is a field report as cited in field-failures.md section 4b; "our assumption"
+// is a field report as cited in docs/field-reports.md section 4b; "our assumption"
 // marks a value nobody has published, chosen to fit the reports.
 #include <stdexcept>
 #include <string>

@@ -962,8 +962,9 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port, uint32_t* wire) 
   *wire = 0;
   if (prof == Profile::RdmaCoreIb) {
     // InfiniBand addresses by LID within a subnet (is_global 0) and adds a GRH between
-    // subnets (field-failures.md 4b). Our assumption for the refusals: a port without a LID
-    // (no subnet manager) or an address vector with DLID 0 cannot reach RTR (EINVAL).
+    // subnets (docs/field-reports.md section 4b). Our assumption for the refusals: a port
+    // without a LID (no subnet manager) or an address vector with DLID 0 cannot reach RTR
+    // (EINVAL).
     if (port_lid(f, prof, myport) == 0 || ah.dlid == 0) return EINVAL;
     int other = f.ports[myport].peer;
     if (ah.is_global) {
@@ -1014,7 +1015,7 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port, uint32_t* wire) 
   int p = port_of_gid(f, ah.grh.dgid);
   *peer_port = (p >= 0 && (p == f.ports[myport].peer || p == myport)) ? p : -1;
   if (prof == Profile::RdmaCoreRoce) {
-    // field-failures.md 4b and section 1 row 23 (Mooncake#113, NVIDIA/nccl#426): a RoCE v1
+    // docs/field-reports.md section 4b and row 23 (Mooncake#113, NVIDIA/nccl#426): a RoCE v1
     // GID connects but carries nothing across a routed network; and (our model of the same
     // reports) two ends of different RoCE versions never hear each other (peer_ready).
     *wire = gid_type_at(f, myport, ah.grh.sgid_index) == IBV_GID_TYPE_ROCE_V2 ? 2 : 1;
@@ -1075,7 +1076,7 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     if (!need(req)) return EINVAL;
     if (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096) return EINVAL;
     {
-      // field-failures.md row 16 [I]: a path MTU above the port's active MTU is refused.
+      // docs/field-reports.md row 16 [I]: a path MTU above the port's active MTU is refused.
       // Enforced on the rdma-core-roce and -ib profiles (rdma-core-rc keeps its old leniency).
       const Profile prof = profile_of(q->ctx);
       if ((prof == Profile::RdmaCoreRoce || prof == Profile::RdmaCoreIb) &&

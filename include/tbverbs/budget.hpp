@@ -24,8 +24,9 @@
 TBVERBS_NAMESPACE_BEGIN
 
 /// The completion-queue entries of a link whose QP has these send and receive depths: every
-/// outstanding send and every posted receive, plus a margin (field-failures #6: an overrun loses
-/// completions). Link::connect_links sizes its CQs with it; JobNeeds counts it against max_cqe.
+/// outstanding send and every posted receive, plus a margin (docs/field-reports.md row 6: an
+/// overrun loses completions). Link::connect_links sizes its CQs with it; JobNeeds counts it
+/// against max_cqe.
 constexpr std::uint32_t link_cq_entries(std::uint32_t send_depth, std::uint32_t recv_depth) noexcept {
   return send_depth + recv_depth + 16;
 }

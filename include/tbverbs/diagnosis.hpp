@@ -1,7 +1,7 @@
 /// @file diagnosis.hpp
 /// The diagnosis catalogue: one table keyed by (platform, step, symbolic errno or
-/// work-completion status, error kind), built from the field-failure reports
-/// (`shared/reference/field-failures.md`; the row numbers below are that file's section 1 rows).
+/// work-completion status, error kind), built from the field reports in `docs/field-reports.md`
+/// (the row numbers below are that page's section 1 rows, each with its public source).
 ///
 /// Error numbers are matched through the `<cerrno>` names only, never through numbers copied
 /// from logs: ENODATA is 96 on macOS and 61 on Linux, where 96 is EPFNOSUPPORT; ETIMEDOUT is 60

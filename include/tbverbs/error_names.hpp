@@ -85,7 +85,8 @@ enum class Platform : std::uint8_t {
 
 /// Work-completion status values (`enum ibv_wc_status` in rdma-core's `verbs.h`), so catalogue
 /// rows name statuses instead of numbers. Apple's header is assumed to use the same values
-/// (field-failures.md: unverified; no source lists which statuses Apple produces).
+/// (docs/field-reports.md, "Error numbers and work-completion statuses": unverified; no source
+/// lists which statuses Apple produces).
 namespace wc {
 inline constexpr int success = 0;            ///< IBV_WC_SUCCESS.
 inline constexpr int loc_len_err = 1;        ///< IBV_WC_LOC_LEN_ERR: message longer than the receive.

@@ -161,7 +161,7 @@ private:
 
 /// Waits for completions on `cq` until `deadline`, probing the side channel for `peer` (or every
 /// peer when `peer` is negative) every `interval`, so a dead peer is reported as peer_lost
-/// instead of a silent wait (UC raises no error on peer death: field-failures row 21).
+/// instead of a silent wait (UC raises no error on peer death: docs/field-reports.md row 21).
 /// Returns how many completions were written to `out` (at least one). Errors: the CQ's
 /// (wc_error, ...), the side channel's (peer_lost, an abort from another rank), or `timeout` at
 /// `step` naming `what` we were waiting for.
@@ -234,8 +234,9 @@ private:
 /// After connect_links() nothing is posted on it and its CQ is empty. Post receives, then call
 /// receives_posted() (both sides) before the first send: what a send that meets an empty receive
 /// queue does on Apple's driver is contested (held by credit-based flow control per TN3205 and
-/// llama.cpp; the direction killed for good per ds4, field-failures row 17), so code that works
-/// under every reading never lets it happen. Send no message above max_message_bytes(). Move-only.
+/// llama.cpp; the direction killed for good per ds4, docs/field-reports.md row 17), so code that
+/// works under every reading never lets it happen. Send no message above max_message_bytes().
+/// Move-only.
 class Link {
 public:
   /// The peer's rank.
@@ -421,7 +422,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
 
   // Checks of the specs, and every registration, before any QP exists: all anchors register
   // before the QP transitions (TN3205's sample before creating the QP), and Anemll's `Bad address`
-  // on post_recv was fixed partly by registering earlier (field-failures 4b).
+  // on post_recv was fixed partly by registering earlier (docs/field-reports.md section 4b).
   for (std::size_t i = 0; i < n; ++i) {
     const LinkSpec& s = specs[i];
     if (s.context == nullptr || s.pd == nullptr || !s.recipe || s.peer < 0 || s.peer == me || s.peer >= sc.size())

@@ -39,7 +39,8 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// What a UC send that meets an empty receive queue does (field-failures 4b: contested).
+/// What a UC send that meets an empty receive queue does (docs/field-reports.md section 4b:
+/// contested).
 enum class EmptyRqBehaviour : std::uint8_t {
   unknown, ///< Not measured: code must work under every reading (never let it happen).
   wait,    ///< Held by credit-based flow control until the peer posts a receive (TN3205, llama.cpp).

@@ -110,8 +110,8 @@ public:
   /// Sets the transport type.
   QpRecipe& qp_type(QpType t) noexcept { type_ = t; return *this; }
   /// Sets the path MTU asked for: the endpoint advertises the smaller of it and the port's active
-  /// MTU (a larger path MTU is refused at RTR, field-failures row 16), and RTR uses the smaller
-  /// of both ends'.
+  /// MTU (a larger path MTU is refused at RTR, docs/field-reports.md row 16), and RTR uses the
+  /// smaller of both ends'.
   QpRecipe& mtu(Mtu m) noexcept { mtu_ = m; return *this; }
   /// Sets the queue capacities to ask for.
   QpRecipe& capacities(const QpCapacities& c) noexcept { caps_ = c; return *this; }

@@ -599,8 +599,8 @@ public:
   [[nodiscard]] Result<std::vector<std::byte>> recv_from(int peer, SideChannelDeadline deadline);
 
   /// Non-blocking liveness probe of every peer, for a completion wait loop (UC QPs report no error
-  /// when the peer dies: field-failures row 21). Reads whatever whole frames are already there
-  /// into the queues, so an abort a peer sent is reported (with its kind) rather than missed.
+  /// when the peer dies: docs/field-reports.md row 21). Reads whatever whole frames are already
+  /// there into the queues, so an abort a peer sent is reported (with its kind) rather than missed.
   /// Returns peer_lost naming the first peer that closed or died. Does not poison the channel.
   /// Costs one poll() per peer: call it every few milliseconds, not on every CQ poll. In a ring,
   /// probe all peers rather than only the neighbours: over the mesh, a dead rank's close and any

@@ -1,8 +1,8 @@
 /// @file topology.hpp
 /// Topology discovery: which of a rank's devices faces which peer, found from what the ports
 /// publish instead of from a device file. Every Thunderbolt cable is its own point-to-point
-/// subnet (a /30 per cable: field-failures section 2), so the port of another rank whose IPv4
-/// address is on the same subnet is the one at the other end of the cable. Each rank reads its
+/// subnet (a /30 per cable: docs/field-reports.md section 2), so the port of another rank whose
+/// IPv4 address is on the same subnet is the one at the other end of the cable. Each rank reads its
 /// ports (state, selected IPv4-mapped GID, the interface's netmask where the system knows it),
 /// the ranks exchange them over the side channel, and every rank computes the same graph.
 ///

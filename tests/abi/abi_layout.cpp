@@ -1,5 +1,5 @@
 // Pins tbverbs' own verbs declarations to the literal rdma-core 44 layout on x86-64 Linux/glibc
-// (docs: shared/reference/toolchain.md section 2), independently of any installed header, so the
+// (docs/abi.md, "Sizes and offsets"), independently of any installed header, so the
 // own declarations are checked even on a machine without libibverbs-dev. Where <infiniband/verbs.h>
 // is present the same numbers are asserted for it too, which checks the reference table itself.
 // Other platforms (pthread sizes differ, e.g. glibc aarch64 or macOS) report skipped (77).
@@ -204,7 +204,7 @@ TBV_AT(ibv_recv_wr, num_sge, 24)
 
 int main() {
   std::printf("ok   abi_own.hpp matches rdma-core 44's x86-64 glibc layout (sizes and offsets "
-              "from toolchain.md section 2)%s\n",
+              "from docs/abi.md)%s\n",
               TBV_HAVE_VERBS_H ? "; so does <infiniband/verbs.h>" : "");
   return 0;
 }

@@ -24,7 +24,7 @@ TEST_CASE("core/regions: a buffer above max_mr_size is refused as one region wit
   Side a = Side::open(fabric, fabric.a());
   Side b = Side::open(fabric, fabric.b());
   const auto dev = ok(b.ctx.query_device());
-  REQUIRE(dev.max_mr_size == 16'384'000); // field-failures 4b
+  REQUIRE(dev.max_mr_size == 16'384'000); // docs/field-reports.md section 4b
 
   constexpr std::size_t bytes = 40u << 20, msg = 256u << 10;
   tbverbs::AlignedBuffer big = ok(tbverbs::AlignedBuffer::allocate(bytes));

@@ -2,7 +2,7 @@
 // address as a RoCE v1 and a RoCE v2 entry) and rdma-core-ib (link layer InfiniBand, LIDs,
 // subnet-prefix GIDs). The field's failures play out here: a RoCE v1 end and a v2 end, or v1
 // across a routed hop, connect but carry nothing (RC retries exceeded); an InfiniBand port with
-// LID 0 fails RTR (field-failures.md section 4b "rdma-core NICs", rows 14, 16, 23).
+// LID 0 fails RTR (docs/field-reports.md section 4b "rdma-core NICs", rows 14, 16, 23).
 #include "emu_fixture.hpp"
 
 #include <catch2/catch_test_macros.hpp>

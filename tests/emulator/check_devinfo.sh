@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs the unmodified Debian `ibv_devinfo -v` over the emulator and checks that it
-# shows every published Thunderbolt cap (field-failures.md section 4b). Each
+# shows every published Thunderbolt cap (docs/field-reports.md section 4b). Each
 # expectation is an extended regex matched against one line; all must match.
 # usage: check_devinfo.sh <ibv_devinfo> <expected port_lid>
 set -u

@@ -1,4 +1,4 @@
-// Thunderbolt profile = Apple's published driver (field-failures.md section 4b):
+// Thunderbolt profile = Apple's published driver (docs/field-reports.md section 4b):
 // every cap reported by ibv_query_device/ibv_query_port is also enforced.
 #include <sys/wait.h>
 

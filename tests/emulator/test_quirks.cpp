@@ -1,5 +1,5 @@
 // Quirks: every contested behaviour of Apple's driver, one value at a time
-// (field-failures.md section 4b). Set through the fabric file, TBVERBS_EMU_QUIRKS
+// (docs/field-reports.md section 4b). Set through the fabric file, TBVERBS_EMU_QUIRKS
 // or the control API (tbverbs-emu quirk).
 #include <poll.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-// Thunderbolt profile: the Apple driver behaviour of field-failures.md section 4.
+// Thunderbolt profile: the Apple driver behaviour of docs/field-reports.md section 4.
 #include <catch2/catch_test_macros.hpp>
 #include <cerrno>
 #include <sys/wait.h>

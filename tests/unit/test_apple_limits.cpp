@@ -14,7 +14,7 @@ using tbverbs::PortAttributes;
 using tbverbs::RegionPlan;
 
 namespace {
-constexpr std::uint64_t apple_max_mr = 16'384'000; // field-failures 4b: 0xfa0000
+constexpr std::uint64_t apple_max_mr = 16'384'000; // docs/field-reports.md section 4b: 0xfa0000
 constexpr std::size_t page = 16384;                // Apple silicon's page size
 
 struct EnvGuard {

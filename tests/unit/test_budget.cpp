@@ -10,7 +10,7 @@ using namespace tbverbs;
 
 namespace {
 DeviceLimits thunderbolt() {
-  DeviceAttributes a; // public `ibv_devinfo -v` of macOS 26.x (field-failures 4b)
+  DeviceAttributes a; // public `ibv_devinfo -v` of macOS 26.x (docs/field-reports.md section 4b)
   a.max_qp = 11;
   a.max_cq = 11;
   a.max_mr = 100;

@@ -1,5 +1,5 @@
 // The diagnosis catalogue: lookup per platform and symbolic errno, one test per family of
-// field-failures.md section 1 rows (and the section 3 scenarios that map to an ErrorKind),
+// docs/field-reports.md section 1 rows (and the section 3 scenarios that map to an ErrorKind),
 // rows that must not leak to another platform, and the table's own invariants (every row
 // reachable, i.e. ordered specific to general; one id, one text).
 #include <catch2/catch_test_macros.hpp>
@@ -127,7 +127,7 @@ TEST_CASE("catalogue: wc:: names agree with rdma-core's enum ibv_wc_status", "[d
   CHECK(tbverbs::wc_status_name(IBV_WC_RESP_TIMEOUT_ERR) == "IBV_WC_RESP_TIMEOUT_ERR");
   CHECK(tbverbs::wc_status_name(IBV_WC_TM_RNDV_INCOMPLETE) == "IBV_WC_TM_RNDV_INCOMPLETE");
 #else
-  // field-failures.md's list: SUCCESS 0, LOC_LEN_ERR 1, LOC_PROT_ERR 4, WR_FLUSH_ERR 5,
+  // docs/field-reports.md's list: SUCCESS 0, LOC_LEN_ERR 1, LOC_PROT_ERR 4, WR_FLUSH_ERR 5,
   // RETRY_EXC_ERR 12, RNR_RETRY_EXC_ERR 13, GENERAL_ERR 21.
   STATIC_CHECK(wc::loc_len_err == 1);
   STATIC_CHECK(wc::loc_prot_err == 4);

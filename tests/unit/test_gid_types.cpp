@@ -1,6 +1,6 @@
 // GID types and rdma-core NICs (issue 11): mlx5 publishes every address twice, a RoCE v1 and a
 // RoCE v2 entry (usually v1 first), so "the first ::ffff: entry" is RoCE v1; InfiniBand tables
-// hold only subnet-prefix GIDs and address by LID (field-failures.md section 4b, "rdma-core
+// hold only subnet-prefix GIDs and address by LID (docs/field-reports.md section 4b, "rdma-core
 // NICs"; rows 14, 16, 23 of section 1). Pure tables, recipes and endpoints, plus the type
 // sources through a fake function table and a fake sysfs tree.
 #include "fake_verbs.hpp"

@@ -1,5 +1,5 @@
 // tbverbs-probe: what a Mac owner runs first. Two hosts measure, together, every behaviour of the
-// verbs driver that the field disagrees on (field-failures section 4b), and report it: as a
+// verbs driver that the field disagrees on (docs/field-reports.md section 4b), and report it: as a
 // table, as one JSON object (--json) for a bug report, and as a profile the library loads
 // (--profile-out FILE, then TBVERBS_PROFILE=FILE) so measured values replace assumed defaults.
 //
