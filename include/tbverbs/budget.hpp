@@ -88,6 +88,7 @@ struct JobShape {
   int window = 1;                      ///< Messages in flight per direction; 2 x window receives posted ahead.
   std::vector<std::size_t> buffers;    ///< Bytes of every buffer registered on this device.
   bool warmup_regions = true;          ///< Count one warm-up region per link (connect_links registers one).
+  int extra_messages = 0;              ///< Messages a queue holds beyond 2 x window + 1 (the collectives' second head).
 };
 
 /// What a job needs on one device.
@@ -102,7 +103,7 @@ struct JobNeeds {
 
   /// The needs of `shape` on a device with `limits`: one PD; per link a QP, a CQ and (when
   /// counted) a warm-up region; regions per buffer as RegionPlan::make splits it within
-  /// max_mr_size; a depth of 2 x window messages plus one (in frames on Apple), and CQs of
+  /// max_mr_size; a depth of 2 x window messages plus one and the extra ones (in frames on Apple), and CQs of
   /// link_cq_entries(depth, depth).
   /// Errors: RegionPlan::make's (`capacity`, a message too large for a region).
   [[nodiscard]] static Result<JobNeeds> of(const JobShape& shape, const DeviceLimits& limits) {
@@ -111,7 +112,8 @@ struct JobNeeds {
     n.cqs = shape.links;
     n.pds = shape.links > 0 || !shape.buffers.empty() ? 1 : 0;
     const std::uint32_t per = limits.frames ? frames_of(shape.message_bytes) : 1;
-    n.depth = per * 2 * static_cast<std::uint32_t>(std::max(1, shape.window)) + per;
+    n.depth = per * (2 * static_cast<std::uint32_t>(std::max(1, shape.window)) + 1 +
+                     static_cast<std::uint32_t>(std::max(0, shape.extra_messages)));
     n.cq_entries = shape.links > 0 ? link_cq_entries(n.depth, n.depth) : 0;
     if (shape.warmup_regions) {
       n.mrs += shape.links;

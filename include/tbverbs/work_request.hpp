@@ -247,6 +247,9 @@ public:
   }
   /// Deleted: the SGE must outlive the request.
   RecvWr(std::uint64_t, abi::ibv_sge&&) = delete;
+  /// A receive with no scatter-gather entry: a credit that an RDMA WRITE with immediate (or a
+  /// zero-length send) consumes and completes; its completion carries the immediate, no data.
+  explicit RecvWr(std::uint64_t wr_id) noexcept : wr_{} { wr_.wr_id = wr_id; }
   /// Uses the caller's SGEs (up to the QP's granted max_recv_sge); `list` must outlive the post.
   RecvWr& sges(std::span<const abi::ibv_sge> list) noexcept {
     wr_.sg_list = const_cast<abi::ibv_sge*>(list.data()); // drivers only read it

@@ -1,0 +1,222 @@
+/// @file collective/types.hpp
+/// Element types and reduction operators of the collectives layer: `DType`, the 16-bit float
+/// types `float16` and `bfloat16`, `ReduceOp`, and `reduce()`, the one kernel every algorithm
+/// combines two vectors with.
+///
+/// Results are bitwise the same on every rank: each algorithm combines the ranks' vectors in one
+/// order that every rank follows (docs/collectives.md, "Results"), and the kernels below are plain
+/// element-wise loops with no reassociation. Integers wrap (two's complement, as the hardware
+/// adds and multiplies), never signed-overflow UB; 16-bit floats are combined in float32 and
+/// rounded to nearest even, as MLX does on the CPU.
+#pragma once
+
+#include "../config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// IEEE 754 binary16, stored as its 16-bit pattern (no compiler extension needed). Converts to
+/// and from float (round to nearest even); the collectives combine it in float32.
+struct float16 {
+  std::uint16_t bits = 0; ///< The binary16 bit pattern.
+  /// The pattern `b` as is.
+  static constexpr float16 from_bits(std::uint16_t b) noexcept { return float16{b}; }
+  /// The value nearest to `f` (ties to even; overflow to infinity; NaN stays NaN).
+  static float16 from_float(float f) noexcept;
+  /// The exact float value.
+  float to_float() const noexcept;
+  friend constexpr bool operator==(float16 a, float16 b) noexcept { return a.bits == b.bits; }
+};
+
+/// bfloat16 (the top half of a float32), stored as its 16-bit pattern. Converts to and from float
+/// (round to nearest even; NaN stays NaN); the collectives combine it in float32.
+struct bfloat16 {
+  std::uint16_t bits = 0; ///< The bfloat16 bit pattern.
+  /// The pattern `b` as is.
+  static constexpr bfloat16 from_bits(std::uint16_t b) noexcept { return bfloat16{b}; }
+  /// The value nearest to `f`.
+  static bfloat16 from_float(float f) noexcept {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bfloat16{static_cast<std::uint16_t>(u >> 16)};
+  }
+  /// The exact float value.
+  float to_float() const noexcept {
+    const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
+};
+
+inline float float16::to_float() const noexcept {
+  const std::uint32_t sign = (bits & 0x8000u) << 16, exp = (bits >> 10) & 0x1fu, man = bits & 0x3ffu;
+  if (exp == 0) { // zero or subnormal: man x 2^-24, exact in float
+    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  const std::uint32_t u = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112u) << 23) | (man << 13));
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float16 float16::from_float(float f) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const std::uint32_t sign = (u >> 16) & 0x8000u, man = u & 0x7fffffu;
+  const int e32 = static_cast<int>((u >> 23) & 0xffu);
+  if (e32 == 0xff) return float16{static_cast<std::uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0u))};
+  const int exp = e32 - 127 + 15;
+  if (exp >= 31) return float16{static_cast<std::uint16_t>(sign | 0x7c00u)}; // overflow: infinity
+  if (exp <= 0) {                                                            // subnormal or zero
+    if (exp < -10) return float16{static_cast<std::uint16_t>(sign)};
+    const std::uint32_t m = man | 0x800000u;
+    const int shift = 14 - exp;
+    std::uint32_t h = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (h & 1u))) ++h;
+    return float16{static_cast<std::uint16_t>(sign | h)};
+  }
+  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | (man >> 13);
+  const std::uint32_t rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h; // may carry into the exponent: correct
+  return float16{static_cast<std::uint16_t>(h)};
+}
+
+/// The element types the collectives move and combine.
+enum class DType : std::uint8_t { f32, f64, i32, i64, f16, bf16 };
+
+/// Bytes of one element of `t`.
+constexpr std::size_t dtype_size(DType t) noexcept {
+  switch (t) {
+  case DType::f32:
+  case DType::i32: return 4;
+  case DType::f64:
+  case DType::i64: return 8;
+  case DType::f16:
+  case DType::bf16: return 2;
+  }
+  return 1;
+}
+
+/// "float32", "float64", "int32", "int64", "float16", "bfloat16".
+constexpr std::string_view dtype_name(DType t) noexcept {
+  switch (t) {
+  case DType::f32: return "float32";
+  case DType::f64: return "float64";
+  case DType::i32: return "int32";
+  case DType::i64: return "int64";
+  case DType::f16: return "float16";
+  case DType::bf16: return "bfloat16";
+  }
+  return "?";
+}
+
+/// The DType of a C++ element type; `dtype_of_v<T>` only exists for the supported ones, so a
+/// collective on any other type does not compile.
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> : std::integral_constant<DType, DType::f32> {};
+template <> struct dtype_of<double> : std::integral_constant<DType, DType::f64> {};
+template <> struct dtype_of<std::int32_t> : std::integral_constant<DType, DType::i32> {};
+template <> struct dtype_of<std::int64_t> : std::integral_constant<DType, DType::i64> {};
+template <> struct dtype_of<float16> : std::integral_constant<DType, DType::f16> {};
+template <> struct dtype_of<bfloat16> : std::integral_constant<DType, DType::bf16> {};
+/// The DType of `T`.
+template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
+
+/// An element type the collectives accept (float, double, int32_t, int64_t, float16, bfloat16).
+template <class T>
+concept CollectiveElement = requires { dtype_of<std::remove_cv_t<T>>::value; } && sizeof(T) == dtype_size(dtype_of<std::remove_cv_t<T>>::value);
+
+/// How all_reduce and reduce_scatter combine the ranks' elements.
+enum class ReduceOp : std::uint8_t { sum, prod, min, max };
+
+/// "sum", "prod", "min", "max".
+constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+  case ReduceOp::sum: return "sum";
+  case ReduceOp::prod: return "prod";
+  case ReduceOp::min: return "min";
+  case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+namespace collective {
+namespace kernels {
+// One element-wise loop per (type, op): the compiler vectorises the sum and product loops of the
+// wide types. Min and max keep `a` unless `b` compares smaller (larger): a NaN in `a` stays, one in
+// `b` is dropped, the same on every rank.
+template <class T, class F> inline void apply(T* d, const T* a, const T* b, std::size_t n, F f) noexcept {
+  for (std::size_t i = 0; i < n; ++i) d[i] = f(a[i], b[i]);
+}
+template <class T> inline void combine(ReduceOp op, T* d, const T* a, const T* b, std::size_t n) noexcept {
+  switch (op) {
+  case ReduceOp::sum: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(x + y); }); break;
+  case ReduceOp::prod: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(x * y); }); break;
+  case ReduceOp::min: apply(d, a, b, n, [](T x, T y) { return y < x ? y : x; }); break;
+  case ReduceOp::max: apply(d, a, b, n, [](T x, T y) { return x < y ? y : x; }); break;
+  }
+}
+template <class H> inline void combine16(ReduceOp op, H* d, const H* a, const H* b, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = a[i].to_float(), y = b[i].to_float();
+    float r = 0;
+    switch (op) {
+    case ReduceOp::sum: r = x + y; break;
+    case ReduceOp::prod: r = x * y; break;
+    case ReduceOp::min: r = y < x ? y : x; break;
+    case ReduceOp::max: r = x < y ? y : x; break;
+    }
+    d[i] = (op == ReduceOp::min || op == ReduceOp::max) ? ((op == ReduceOp::min ? y < x : x < y) ? b[i] : a[i])
+                                                        : H::from_float(r);
+  }
+}
+} // namespace kernels
+
+/// dst[i] = a[i] op b[i] for `n` elements of `t`; `dst` may be `a` or `b`. Integers wrap.
+inline void reduce(ReduceOp op, DType t, void* dst, const void* a, const void* b, std::size_t n) noexcept {
+  switch (t) {
+  case DType::f32:
+    kernels::combine(op, static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n);
+    break;
+  case DType::f64:
+    kernels::combine(op, static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n);
+    break;
+  case DType::i32:
+    if (op == ReduceOp::sum || op == ReduceOp::prod) // unsigned: wraps, as the hardware does
+      kernels::combine(op, static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
+                       static_cast<const std::uint32_t*>(b), n);
+    else
+      kernels::combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
+                       static_cast<const std::int32_t*>(b), n);
+    break;
+  case DType::i64:
+    if (op == ReduceOp::sum || op == ReduceOp::prod)
+      kernels::combine(op, static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
+                       static_cast<const std::uint64_t*>(b), n);
+    else
+      kernels::combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
+                       static_cast<const std::int64_t*>(b), n);
+    break;
+  case DType::f16:
+    kernels::combine16(op, static_cast<float16*>(dst), static_cast<const float16*>(a), static_cast<const float16*>(b), n);
+    break;
+  case DType::bf16:
+    kernels::combine16(op, static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(a), static_cast<const bfloat16*>(b),
+                       n);
+    break;
+  }
+}
+} // namespace collective
+
+TBVERBS_NAMESPACE_END
