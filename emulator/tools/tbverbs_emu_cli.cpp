@@ -172,37 +172,48 @@ int main(int argc, char** argv) {
   setip->add_option("host", host)->required();
   setip->add_option("device", device)->required();
   setip->add_option("cidr", cidr, "a.b.c.d/prefix")->required();
-  setip->add_option("--port", port);
+  setip->add_option("--port", port)->check(CLI::Range(1, 255));
   auto* clrip = app.add_subcommand("clear-ipv4", "Remove a port's IPv4 address");
   clrip->add_option("host", host)->required();
   clrip->add_option("device", device)->required();
-  clrip->add_option("--port", port);
+  clrip->add_option("--port", port)->check(CLI::Range(1, 255));
   auto* pdown = app.add_subcommand("port-down", "Take a port down (both cable ends report PORT_DOWN)");
   pdown->add_option("host", host)->required();
   pdown->add_option("device", device)->required();
-  pdown->add_option("--port", port);
+  pdown->add_option("--port", port)->check(CLI::Range(1, 255));
   auto* pup = app.add_subcommand("port-up", "Bring a port up");
   pup->add_option("host", host)->required();
   pup->add_option("device", device)->required();
-  pup->add_option("--port", port);
+  pup->add_option("--port", port)->check(CLI::Range(1, 255));
 
   auto* fault = app.add_subcommand("fault", "Inject or clear faults");
   fault->require_subcommand(1);
   std::string verb, err_s, fhost, next_on;
   uint64_t nth = 1;
   uint32_t count = 1, usec = 0, qpn = 0;
+  // CLI11 reads "-1" into an unsigned option as its wrapped value (--nth -1 set a fault at call
+  // 18446744073709551615): unsigned options take digits only (hexadecimal where said).
+  const CLI::Validator digits(
+      [](std::string& v) {
+        const bool hex = v.rfind("0x", 0) == 0 || v.rfind("0X", 0) == 0;
+        const std::string body = hex ? v.substr(2) : v;
+        return !body.empty() && body.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") == std::string::npos
+                   ? std::string()
+                   : "not a number of 0 or more: " + v;
+      },
+      "UINT");
   auto* ffail = fault->add_subcommand("fail", "Fail the nth call of a verb with an errno");
   ffail->add_option("--verb", verb, "e.g. ibv_create_qp, ibv_modify_qp, ibv_post_send")->required();
-  ffail->add_option("--nth", nth, "first failing call, 1-based (default 1)");
+  ffail->add_option("--nth", nth, "first failing call, 1-based (default 1)")->check(digits)->check(CLI::Range(uint64_t{1}, UINT64_MAX));
   ffail->add_option("--errno", err_s, "errno name or number, e.g. EBUSY")->required();
-  ffail->add_option("--count", count, "how many calls fail (0 = all from nth on; default 1)");
+  ffail->add_option("--count", count, "how many calls fail (0 = all from nth on; default 1)")->check(digits);
   ffail->add_option("--host", fhost, "only calls made on this host");
   auto* fdrop = fault->add_subcommand("drop", "Lose everything one QP sends (one direction)");
-  auto* o_qpn = fdrop->add_option("--qpn", qpn, "QP number (decimal or 0x...)");
+  auto* o_qpn = fdrop->add_option("--qpn", qpn, "QP number (decimal or 0x...)")->check(digits);
   auto* o_next = fdrop->add_option("--next-on", next_on, "the next QP created on this host");
   o_qpn->excludes(o_next);
   auto* fdelay = fault->add_subcommand("delay", "Delay delivery of sends posted on a host");
-  fdelay->add_option("--usec", usec)->required();
+  fdelay->add_option("--usec", usec)->required()->check(digits)->check(CLI::Range(0u, 3600u * 1000000u));
   fdelay->add_option("--host", fhost);
   auto* fsticky = fault->add_subcommand(
       "sticky-loss", "A UC send meeting no posted receive kills that direction for good (Apple, as reported)");
@@ -213,7 +224,7 @@ int main(int argc, char** argv) {
       "leak-pds", "Protection domains leaked by orphaned processes (count against max_pd until reset; RTR ENODATA)");
   fleak->add_option("host", lhost)->required();
   fleak->add_option("device", ldev)->required();
-  fleak->add_option("n", nleak, "how many PDs")->required();
+  fleak->add_option("n", nleak, "how many PDs")->required()->check(CLI::Range(1, 1024));
   auto* fclear = fault->add_subcommand("clear", "Remove every fault (leaked PDs included)");
 
   std::vector<std::string> quirk_args;
@@ -232,12 +243,18 @@ int main(int argc, char** argv) {
   auto* hold = app.add_subcommand("hold-qps", "Create QPs on a device and keep them (orphaned holder)");
   hold->add_option("host", host)->required();
   hold->add_option("device", device)->required();
-  hold->add_option("-n,--count", n, "number of QPs (default 10)");
-  hold->add_option("--seconds", seconds, "give them back after this long (default 3600)");
+  // Issue 19, finding 7: -n -1 and --seconds -1 were taken (a holder of no QPs, gone at once).
+  hold->add_option("-n,--count", n, "number of QPs, 1..256 (default 10)")->check(CLI::Range(1, 256));
+  hold->add_option("--seconds", seconds, "give them back after this long, 1..31536000 (default 3600)")
+      ->check(CLI::Range(1, 31536000));
   hold->add_flag("--daemon", daemonize, "detach (double fork) so the holder is an orphan of init");
   hold->add_option("--pidfile", pidfile, "write the holder's pid here");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as the other commands' own
+  }
 
   if (*show) {
     const char* s = tbemu_describe(fab());
@@ -267,7 +284,8 @@ int main(int argc, char** argv) {
     try {
       e = parse_errno(err_s);
     } catch (const CLI::Error& ex) {
-      return app.exit(ex);
+      app.exit(ex);
+      return 2;
     }
     return check(tbemu_fault_fail_call(fab(), fhost.empty() ? nullptr : fhost.c_str(), verb.c_str(), nth, e, count));
   }
@@ -294,8 +312,9 @@ int main(int argc, char** argv) {
   if (*killh) {
     int sig = sig_s == "KILL" ? SIGKILL : sig_s == "TERM" ? SIGTERM : sig_s == "STOP" ? SIGSTOP
             : sig_s == "CONT" ? SIGCONT : std::atoi(sig_s.c_str());
-    if (sig <= 0) {
-      std::fprintf(stderr, "tbverbs-emu: bad signal %s\n", sig_s.c_str());
+    if (sig <= 0 || sig >= NSIG) {
+      std::fprintf(stderr, "tbverbs-emu: bad signal %s (KILL, TERM, STOP, CONT or a number 1..%d)\n", sig_s.c_str(),
+                   NSIG - 1);
       return 2;
     }
     int killed = 0;

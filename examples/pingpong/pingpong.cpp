@@ -34,7 +34,7 @@
 // The two processes find each other over a plain TCP connection (the "bootstrap"): it carries
 // the queue pairs' endpoints (QP number, PSN, GID) and a few one-byte "I am ready" barriers.
 // RDMA itself needs that out-of-band exchange; real programs use their launcher's channel.
-#include "../../tools/common/size_arg.hpp"
+#include "../../tools/common/cli_args.hpp"
 
 #include <tbverbs/explain.hpp>
 #include <tbverbs/tbverbs.hpp>
@@ -710,31 +710,34 @@ int main(int argc, char** argv) {
   app.add_option("--connect", connect, "HOST:PORT of the server");
   app.add_flag("--local", local, "server and client on an emulated fabric on this machine");
   app.add_option("--port", o.port, "TCP port of the bootstrap connection (--server)")->capture_default_str();
-  app.add_option("--device", o.device, "device (default: TBVERBS_DEVICE, else the first)");
+  app.add_option("--device", o.device, "device (default: TBVERBS_DEVICE, else the first; not with --local)");
   app.add_option("--library", o.library,
                  "verbs library (default: TBVERBS_LIBRARY, else the platform's; --local: the emulator)");
-  app.add_option("--profile", o.profile, "--local: thunderbolt or rdma-core-rc")->capture_default_str();
+  app.add_option("--profile", o.profile, "--local: thunderbolt or rdma-core-rc")
+      ->check(CLI::IsMember({"thunderbolt", "rdma-core-rc"}))
+      ->capture_default_str();
   // Sizes as the ring takes them (tools/common/size_arg.hpp): 4096, 64K, 16M.
-  const CLI::Validator size_check(
-      [](std::string& v) {
-        const auto n = cli::parse_size(v);
-        return n && *n > 0 ? std::string() : std::string("not ") + cli::kSizeSyntax;
-      },
-      "SIZE");
-  app.add_option("--size", size, "latency message size")->check(size_check)->capture_default_str();
+  app.add_option("--size", size, "latency message size")->check(cli::size_validator())->capture_default_str();
   app.add_option("--bw-size", bw_size, "bandwidth message size (default: one 4 KiB frame on Apple's driver, 16K elsewhere)")
-      ->check(size_check);
-  app.add_option("--iters", o.iters, "latency round trips")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--timeout", o.timeout_ms, "ms: the bound of every wait")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(cli::size_validator());
+  app.add_option("--iters", o.iters, "latency round trips")->check(CLI::Range(1, 1000000000))->capture_default_str();
+  app.add_option("--timeout", o.timeout_ms, "ms: the bound of every wait")->check(CLI::Range(1, 86400000))->capture_default_str();
   app.add_flag("--events", o.events, "ask for a completion channel so waits sleep on it");
   app.add_flag("--explain", o.explain, "print every QP attribute with why (TBVERBS_EXPLAIN=1)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2; // --help is 0; a usage error is 2
-  }
+  if (const int rc = cli::parse_args(app, argc, argv); rc >= 0) return rc;  // --help is 0; a usage error is 2
   if ((server ? 1 : 0) + (local ? 1 : 0) + (connect.empty() ? 0 : 1) != 1) {
     std::fprintf(stderr, "pingpong: give exactly one of --server, --connect HOST:PORT or --local (see --help)\n");
+    return 2;
+  }
+  // Options of the other modes are refused, not ignored (issue 19: --local --device nosuch ran on
+  // rdma_en1 and said nothing).
+  if (local && !o.device.empty()) {
+    std::fprintf(stderr, "pingpong: --device does not apply to --local: its fabric has one device per host "
+                         "(rdma_en1 with --profile thunderbolt, emu0 with rdma-core-rc)\n");
+    return 2;
+  }
+  if (!local && app.count("--profile") > 0) {
+    std::fprintf(stderr, "pingpong: --profile applies to --local only (the emulated fabric's hardware)\n");
     return 2;
   }
   o.size = *cli::parse_size(size);

@@ -591,10 +591,10 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--dtype", o.dtype, "float32, float64, int32, int64, float16, bfloat16 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per size (default: by size)");
-  app.add_option("-w,--warmup", o.warmup, "untimed iterations per size")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per size, 1 or more (default: by size, 3 to 50)")->check(CLI::Range(1, 1000000000));
+  app.add_option("-w,--warmup", o.warmup, "untimed iterations per size")->check(CLI::Range(0, 1000000000))->capture_default_str();
   app.add_option("--message-bytes", o.message, "largest message (whole 4 KiB frames)")->capture_default_str();
-  app.add_option("--window", o.window, "messages in flight per direction")->capture_default_str();
+  app.add_option("--window", o.window, "messages in flight per direction")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--memory", o.memory,
                  "auto, registered (user buffers as regions of at most max_mr_size) or staged (copies through "
                  "registered scratch slots); auto registers while the regions fit the devices' budget")
@@ -609,7 +609,7 @@ int main(int argc, char** argv) {
                  "auto takes mesh (fully connected) or latency up to the measured crossover, ring above")
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: bound of every wait (no progress, side channel)")->capture_default_str();
-  app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->capture_default_str();
+  app.add_option("--gid-wait", o.gid_wait_ms, "ms to wait for an IPv4-mapped GID to appear")->check(CLI::Range(0, 3600000))->capture_default_str();
   app.add_flag("--csv", o.csv,
                "print the results as CSV (rank 0): a header line size_bytes,count,type,redop,place,time_us,"
                "algbw_gbps,busbw_gbps,wrong and one line per run, instead of the table");
@@ -640,10 +640,11 @@ int main(int argc, char** argv) {
                  "RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); see docs/rdma-core.md")
       ->check(CLI::IsMember({"thunderbolt", "rdma-core-rc", "rdma-core-roce", "rdma-core-ib"}))
       ->capture_default_str();
-  app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)");
-  app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)");
+  const CLI::Validator local_rank([&o](std::string& v) { return o.local < 1 ? std::string("applies to --local N only") : std::strtol(v.c_str(), nullptr, 10) < o.local ? std::string() : "must be a rank of --local " + std::to_string(o.local) + ": 0.." + std::to_string(o.local - 1); }, "RANK");  // --local is parsed first
+  app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)")->check(CLI::Range(0, 63))->check(local_rank);
+  app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)")->check(CLI::Range(0, 63))->check(local_rank);
   app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank or --stop-rank")
-      ->capture_default_str();
+      ->check(CLI::Range(0, 3600000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (o.local > 0) {

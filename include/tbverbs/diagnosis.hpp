@@ -580,6 +580,14 @@ inline constexpr Diagnosis peer_lost{
     "Read the first failing rank's own error, which has the real cause, and restart the job; "
     "in-flight data is lost."};
 
+inline constexpr Diagnosis peer_aborted{
+    "peer-aborted",
+    "Another rank of the job gave up and sent its reason over the side channel (the detail names "
+    "that rank and quotes it; the error kind in parentheses is that rank's claim, not a condition "
+    "of this host).",
+    "Read that rank's own output, which has the full error and its remedy, fix it there and restart "
+    "the job; in-flight data is lost."};
+
 // ---- GIDs (rows 11, 12, 15; section 3) -----------------------------------------------------
 
 inline constexpr Diagnosis no_ipv4_gid_macos{
@@ -819,6 +827,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     {                             .step = Step::link_warmup, .kind = ErrorKind::result_mismatch, .diagnosis = detail::diag::warmup_failed},
     // A peer that is gone is peer_lost whatever errno the socket left (ETIMEDOUT, ECONNRESET).
     {.kind = ErrorKind::peer_lost, .diagnosis = detail::diag::peer_lost},
+    {.kind = ErrorKind::peer_aborted, .diagnosis = detail::diag::peer_aborted},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_route_macos},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = EHOSTUNREACH, .diagnosis = detail::diag::side_channel_route_macos},
     {                             .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_unreachable},

@@ -74,6 +74,11 @@ enum class ErrorKind : std::uint8_t {
   unsupported,        ///< The provider lacks the feature (optional symbol or profile limit).
   capacity,           ///< A driver or recipe capacity would be exceeded.
   result_mismatch,    ///< A verified result differs from the expected value.
+  /// Another rank gave up and said why (a side-channel abort frame). The detail names that rank
+  /// and carries its words and the kind it claimed; that kind is the peer's claim, never this
+  /// rank's own condition (issue 19: a forged frame made a rank report a local "required verbs
+  /// symbol missing").
+  peer_aborted,
 };
 
 /// The verbs provider family an error came from: the catalogue's remedies differ between them.
@@ -287,6 +292,8 @@ constexpr std::string_view kind_name(ErrorKind k) noexcept {
     return "capacity exceeded";
   case ErrorKind::result_mismatch:
     return "result mismatch";
+  case ErrorKind::peer_aborted:
+    return "peer aborted";
   }
   return "unknown error";
 }

@@ -413,10 +413,11 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
     return e.with_detail(d);
   };
-  // A peer that died or went silent during set-up is reported at Step::link_warmup (kind
-  // peer_lost or timeout, as the side channel saw it), naming the link and the peer.
+  // A peer that died, went silent or gave up during set-up is reported at Step::link_warmup
+  // (kind peer_lost, timeout or peer_aborted, as the side channel saw it), naming the link and the peer.
   auto channel_error = [&](Error e, std::size_t i) {
-    if (e.is(ErrorKind::peer_lost) || e.is(ErrorKind::timeout)) e.step = Step::link_warmup;
+    if (e.is(ErrorKind::peer_lost) || e.is(ErrorKind::timeout) || e.is(ErrorKind::peer_aborted))
+      e.step = Step::link_warmup;
     return with_link(e, i);
   };
 

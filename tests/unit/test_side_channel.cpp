@@ -515,9 +515,11 @@ TEST_CASE("side channel: collectives called in different orders are refused", "[
       3000ms);
   CHECK(errors[0].kind == ErrorKind::bad_frame);
   CHECK(has(errors[0], "same order"));
-  // Rank 1 hears why from rank 0.
-  CHECK(errors[1].kind == ErrorKind::bad_frame);
+  // Rank 1 hears why from rank 0: rank 0's words and its claim, not a bad frame of rank 1's own.
+  CHECK(errors[1].kind == ErrorKind::peer_aborted);
   CHECK(has(errors[1], "rank 0 aborted"));
+  CHECK(has(errors[1], "same order"));
+  CHECK(has(errors[1], "(its error: bad frame)"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,12 +545,15 @@ TEST_CASE("side channel: a rank that closes is reported as peer_lost naming it, 
       4000ms);
   for (int r : {0, 1}) {
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
-    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::peer_lost);
     CHECK(has(errors[static_cast<std::size_t>(r)], "rank 2 closed its side channel during all_gather"));
     CHECK(errors[static_cast<std::size_t>(r)].sys_errno == 0); // recv()==0 is not an errno
     CHECK(took[static_cast<std::size_t>(r)] < 2000ms);         // well before the 4 s timeout
   }
+  // Rank 0 saw rank 2 close; rank 1 hears it from rank 0, as rank 0's report.
+  CHECK(errors[0].kind == ErrorKind::peer_lost);
+  CHECK(errors[1].kind == ErrorKind::peer_aborted);
   CHECK(has(errors[1], "rank 0 aborted"));
+  CHECK(has(errors[1], "(its error: peer lost)"));
 }
 
 TEST_CASE("side channel: check_peers sees a closed peer; sending to it does not raise SIGPIPE",
@@ -589,9 +594,10 @@ TEST_CASE("side channel: a rank that never connects gives a timeout naming it", 
   CHECK(has(r0.error(), "for rank 2 to connect"));
   REQUIRE_FALSE(r1);
   INFO(r1.error().message());
-  CHECK(r1.error().kind == ErrorKind::timeout);
+  CHECK(r1.error().kind == ErrorKind::peer_aborted);
   CHECK(has(r1.error(), "rank 0 aborted"));
   CHECK(has(r1.error(), "rank 2"));
+  CHECK(has(r1.error(), "(its error: deadline passed)"));
 }
 
 TEST_CASE("side channel: no coordinator gives a timeout naming the address", "[side_channel]") {
@@ -632,9 +638,10 @@ TEST_CASE("side channel: a stalled rank times out a collective, and the others h
   CHECK(has(errors[0], "rank 0 waited"));
   CHECK(has(errors[0], "in barrier for rank 2"));
   INFO(errors[1].message());
-  CHECK(errors[1].kind == ErrorKind::timeout);
+  CHECK(errors[1].kind == ErrorKind::peer_aborted);
   CHECK(has(errors[1], "rank 0 aborted"));
   CHECK(has(errors[1], "for rank 2"));
+  CHECK(has(errors[1], "(its error: deadline passed)"));
 }
 
 TEST_CASE("side channel: poison() from another thread unblocks a waiting call", "[side_channel]") {
@@ -659,7 +666,7 @@ TEST_CASE("side channel: poison() from another thread unblocks a waiting call", 
   CHECK(ok == 3);
 }
 
-TEST_CASE("side channel: abort() tells the peers the kind and the reason", "[side_channel]") {
+TEST_CASE("side channel: abort() tells the peers the kind and the reason, as the peer's", "[side_channel]") {
   std::vector<Error> errors(3);
   run_ranks(3, [&](int rank, SideChannel& ch) {
     if (rank == 2) {
@@ -672,8 +679,9 @@ TEST_CASE("side channel: abort() tells the peers the kind and the reason", "[sid
   });
   for (int r : {0, 1}) {
     INFO(errors[static_cast<std::size_t>(r)].message());
-    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::timeout);
-    CHECK(has(errors[static_cast<std::size_t>(r)], "rank 2 aborted: no completion from rank 1 in 750 ms"));
+    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::peer_aborted);
+    CHECK(has(errors[static_cast<std::size_t>(r)],
+              "rank 2 aborted: no completion from rank 1 in 750 ms (its error: deadline passed)"));
   }
 }
 
@@ -698,8 +706,8 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
     release = true;
   });
   INFO(errors[1].message());
-  CHECK(errors[1].kind == ErrorKind::result_mismatch);
-  CHECK(has(errors[1], "rank 0 aborted: rank 0's sum is wrong"));
+  CHECK(errors[1].kind == ErrorKind::peer_aborted);
+  CHECK(has(errors[1], "rank 0 aborted: rank 0's sum is wrong (its error: result mismatch)"));
   CHECK(took[1] < 2000ms);
 }
 
@@ -781,8 +789,9 @@ TEST_CASE("side channel: in a ring, every rank's probe sees a CQ-deadline abort 
   });
   for (int r : {0, 2, 3}) {
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
-    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::timeout);
+    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::peer_aborted);
     CHECK(has(errors[static_cast<std::size_t>(r)], "rank 1 aborted: rank 1: no completion from rank 2"));
+    CHECK(has(errors[static_cast<std::size_t>(r)], "(its error: deadline passed)"));
   }
 }
 
@@ -812,8 +821,9 @@ TEST_CASE("side channel: abort() of an abort received from a peer forwards it wi
   });
   for (int r : {0, 2}) {
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)].message());
-    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::result_mismatch);
-    CHECK(has(errors[static_cast<std::size_t>(r)], "rank 1 aborted: element 7 is 3, expected 6"));
+    CHECK(errors[static_cast<std::size_t>(r)].kind == ErrorKind::peer_aborted);
+    // Forwarded by rank 0 with rank 1's own claim, not rank 0's peer_aborted.
+    CHECK(has(errors[static_cast<std::size_t>(r)], "rank 1 aborted: element 7 is 3, expected 6 (its error: result mismatch)"));
     CHECK_FALSE(has(errors[static_cast<std::size_t>(r)], "aborted: rank"));
   }
 }
@@ -1046,6 +1056,38 @@ TEST_CASE("side channel: an abort naming a rank outside the job is attributed to
   INFO(r.error().message());
   CHECK(has(r.error(), "rank 1 aborted: made up"));
   CHECK(has(r.error(), "naming rank 99, which is not in this job"));
+}
+
+TEST_CASE("finding 8 (issue 19): a forged abort frame's error kind is the peer's claim, never this rank's kind",
+          "[side_channel][stranger][regression]") {
+  // Rank 1 claims symbol_missing (a local verbs-library condition): rank 0 must report that rank 1
+  // aborted, with its words and its claim by name, and no local kind of its own.
+  for (const std::uint64_t claim : {std::uint64_t(ErrorKind::symbol_missing), std::uint64_t(ErrorKind::no_device),
+                                    std::uint64_t(0), std::uint64_t(200)}) {
+    Root root;
+    const auto port = root.start(2, 5000ms);
+    RawPeer rank1;
+    rank1.join(port, 1, 2);
+    auto ch = root.result.get();
+    REQUIRE(ch);
+    sc::Writer w;
+    w.num(claim, 1);
+    w.num(1, 4);
+    w.text("libibverbs lacks ibv_post_send");
+    rank1.send(sc::FrameType::abort, 1, w.out);
+    auto r = ch->recv_from(1, Clock::now() + 3s);
+    REQUIRE_FALSE(r);
+    INFO(r.error().message());
+    CHECK(r.error().kind == ErrorKind::peer_aborted);
+    CHECK(r.error().step == tbverbs::Step::side_channel);
+    CHECK(r.error().sys_errno == 0);
+    CHECK(has(r.error(), "rank 1 aborted: libibverbs lacks ibv_post_send (its error: "));
+    const std::string m = r.error().message();
+    CHECK(m.rfind("side channel: peer aborted: rank 1 aborted", 0) == 0);
+    CHECK(m.find("required verbs symbol missing: rank 1") == std::string::npos);
+    if (claim == std::uint64_t(ErrorKind::symbol_missing)) CHECK(has(r.error(), "(its error: required verbs symbol missing)"));
+    if (claim == 200) CHECK(has(r.error(), "(its error: unknown kind 200)"));
+  }
 }
 
 // fuzz_host_port found "[[]:0" accepted as the host "[".

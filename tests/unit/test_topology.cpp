@@ -124,3 +124,37 @@ TEST_CASE("the ports' wire form round-trips and refuses truncated or foreign byt
   const std::byte junk[4] = {};
   CHECK_FALSE(Topology::parse_ports(junk, 1));
 }
+
+TEST_CASE("finding 3 (issue 19): a peer's topology message with a GID index field of 0x80000000 is refused, "
+          "not converted with a signed overflow", "[topology][regression]") {
+  // The field is the GID index + 1, big-endian, at a fixed place after the device name: magic (4),
+  // count (1), name length (1), "rdma_en2" (8), port (1), flags (1), then the field.
+  const auto good = Topology::serialize_ports({port("rdma_en2", "10.99.0.1")});
+  REQUIRE(Topology::parse_ports(good, 1));
+  constexpr std::size_t at = 4 + 1 + 1 + 8 + 1 + 1;
+  REQUIRE(std::to_integer<int>(good[at + 3]) == 2);  // GID index 1
+  auto with_field = [&](std::uint32_t v) {
+    auto w = good;
+    for (int i = 0; i < 4; ++i) w[at + static_cast<std::size_t>(i)] = static_cast<std::byte>(v >> (24 - 8 * i));
+    return Topology::parse_ports(w, 1);
+  };
+  for (std::uint32_t v : {0x80000000u, 0x80000001u, 0xffffffffu, 0x7fffffffu, 65537u}) {
+    auto r = with_field(v);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().is(ErrorKind::bad_frame));
+    CHECK(std::string(r.error().detail.view()).find("rank 1 sent a topology message with GID index") != std::string::npos);
+  }
+  auto top = with_field(65536u);  // index 65535, the largest carried
+  REQUIRE(top);
+  CHECK((*top)[0].gid_index == 65535);
+  // A usable port without a GID index, a netmask longer than 32 bits, unknown flags: refused too.
+  auto none = with_field(0);
+  REQUIRE_FALSE(none);
+  CHECK(std::string(none.error().detail.view()).find("usable port 1 (rdma_en2) but no GID index") != std::string::npos);
+  auto w = good;
+  w[at + 4 + 4] = std::byte{33};
+  CHECK_FALSE(Topology::parse_ports(w, 1));
+  w = good;
+  w[at - 1] = std::byte{4};
+  CHECK_FALSE(Topology::parse_ports(w, 1));
+}

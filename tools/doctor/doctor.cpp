@@ -8,6 +8,8 @@
 // poll.
 // Exit status: 0 when every checked port can carry a connection, 1 when something is wrong,
 // 2 on a usage error. `--json` prints the same findings for a bug report.
+#include "../common/cli_args.hpp"
+
 #include <tbverbs/budget.hpp>
 #include <tbverbs/tbverbs.hpp>
 
@@ -216,35 +218,30 @@ int main(int argc, char** argv) {
   bool as_json = false;
   app.add_option("--library", library, "verbs library to load (default: TBVERBS_LIBRARY, then the platform's)");
   app.add_option("--device", device, "check only this device (default: all)");
-  app.add_option("--qps", qp_need, "QPs the job will create per device (checked against the device's cap)");
+  app.add_option("--qps", qp_need, "QPs the job will create per device, 1..65536 (checked against the device's cap)")
+      ->check(CLI::Range(1, 65536));
   app.add_flag("--json", as_json, "print the findings as JSON (for bug reports)");
   JobPlan job;
   std::string msg = "256K", size;
-  app.add_option("--ranks", job.ranks, "budget a job of N ranks on each device (QPs, CQs, PDs, MRs, frames per queue)");
+  app.add_option("--ranks", job.ranks, "budget a job of N ranks (2..64) on each device (QPs, CQs, PDs, MRs, frames per queue)")
+      ->check(CLI::Range(2, 64));
   app.add_option("--topology", job.topology, "--ranks: ring (two neighbours) or mesh (every other rank)")
       ->check(CLI::IsMember({"ring", "mesh"}))
       ->capture_default_str();
-  app.add_option("--cables", job.cables, "--ranks: cables per neighbour")->capture_default_str();
-  app.add_option("--message-bytes", msg, "--ranks: largest message (e.g. 256K)")->capture_default_str();
-  app.add_option("--window", job.window, "--ranks: messages in flight per direction")->capture_default_str();
-  app.add_option("--size", size, "--ranks: registered user buffers per rank (e.g. 64M; default staged)");
-  CLI11_PARSE(app, argc, argv);
-  auto bytes = [](std::string s) -> std::size_t {
-    std::size_t mult = 1;
-    if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
-      mult = s.back() == 'K' ? 1024 : s.back() == 'M' ? 1024 * 1024 : std::size_t{1} << 30;
-      s.pop_back();
-    }
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return 0;
-    return static_cast<std::size_t>(std::stoull(s)) * mult;
-  };
-  job.message_bytes = bytes(msg);
-  job.buffer_bytes = size.empty() ? 0 : bytes(size);
-  if (job.message_bytes == 0 || (!size.empty() && job.buffer_bytes == 0) || job.cables < 1 || job.window < 1 ||
-      (job.ranks != 0 && (job.ranks < 2 || job.ranks > 64))) {
-    std::fprintf(stderr, "tbverbs-doctor: --ranks is 2..64; --message-bytes and --size take sizes like 256K, 64M\n");
-    return 2;
-  }
+  app.add_option("--cables", job.cables, "--ranks: cables per neighbour")->check(CLI::Range(1, 64))->capture_default_str();
+  // Sizes through the one size parser (tools/common/size_arg.hpp; issue 19: the doctor's own
+  // aborted on 20 digits and wrapped 17179869185G to 1 GiB).
+  app.add_option("--message-bytes", msg, "--ranks: largest message (e.g. 256K)")
+      ->check(cli::size_validator())
+      ->capture_default_str();
+  app.add_option("--window", job.window, "--ranks: messages in flight per direction")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--size", size, "--ranks: registered user buffers per rank (e.g. 64M; default staged)")
+      ->check(cli::size_validator());
+  if (const int rc = cli::parse_args(app, argc, argv); rc >= 0) return rc;
+  job.message_bytes = *cli::parse_size(msg);  // checked by size_validator
+  job.buffer_bytes = size.empty() ? 0 : *cli::parse_size(size);
   // The doctor reports channel fallbacks as findings; the library's stderr notice would repeat them.
   set_notice_handler(nullptr);
 

@@ -156,8 +156,10 @@ case "$CASE" in
     echo "ok: $what $best within [$lo, $hi]"
     ;;
   kill)
-    # SIGKILL one rank mid-run: every other rank must exit non-zero with "peer lost" (naming the
-    # killed rank) well within the timeout; nobody hangs.
+    # SIGKILL one rank mid-run: every other rank must exit non-zero with "peer lost" naming the
+    # killed rank (seen itself, or quoted from the rank that saw it: "peer aborted: rank R aborted:
+    # ... rank V ... (its error: peer lost)", issue 19 finding 8) well within the timeout;
+    # nobody hangs.
     n=$1; victim=$2; after_ms=$3; timeout_ms=$4; shift 4
     run --local "$n" --kill-rank "$victim" --kill-after "$after_ms" --timeout "$timeout_ms" "$@"
     [ $RC -ne 0 ] || fail "launcher exited 0 although a rank was killed"
@@ -167,7 +169,7 @@ case "$CASE" in
     kill_t=$(sed -nE "s/^launcher: killing rank $victim .* at ([0-9.]+) s.*/\1/p" "$OUT")
     for ((r = 0; r < n; r++)); do
       [ $r -eq "$victim" ] && continue
-      grep -Eq "^\[rank $r\] FAILED during .*peer lost.*rank $victim" "$OUT" ||
+      grep -Eq "^\[rank $r\] FAILED during .*(peer lost.*rank $victim|peer aborted: .*rank [0-9]+ aborted: .*rank $victim.*\(its error: peer lost\))" "$OUT" ||
         fail "rank $r did not report 'peer lost' naming rank $victim"
       t=$(sed -nE "s/^launcher: rank $r exited with status [1-9][0-9]* at ([0-9.]+) s/\1/p" "$OUT")
       [ -n "$t" ] || fail "rank $r did not exit with a non-zero status"
@@ -301,40 +303,59 @@ case "$CASE" in
     echo "ok: a 2-cable $form file read as JACCL reads it, both cables carried traffic, verified"
     ;;
   bad_input)
-    # Input a user can type (issue 9): every case ends with a clear error and a non-zero exit, never
-    # a crash, a hang, an allocation until OOM, or a silent different run.
-    refuse() {  # expected text, then the command's arguments; env before it via ENV_PREFIX
-      local want=$1; shift
+    # Input a user can type (issue 9): every case ends with a clear error and its exit status, never
+    # a crash, a hang, an allocation until OOM, or a silent different run. One table: exit status,
+    # expected text, arguments (CLI11's range checks exit 105, the ring's own usage errors 2, a
+    # refusal after the ranks started 1).
+    refuse() {  # exit status, expected text, then the command's arguments; env before it via ENV_PREFIX
+      local want_rc=$1 want=$2; shift 2
       echo "+ $*" >"$OUT"
       timeout 60 env ${ENV_PREFIX:-} "$RING" "$@" >>"$OUT" 2>&1; RC=$?
       [ $RC -ne 0 ] || fail "exited 0 for: $*"
       [ $RC -lt 124 ] || fail "exit $RC (a timeout or a signal) for: $*"
+      [ $RC -eq "$want_rc" ] || fail "exit $RC, not $want_rc, for: $*"
       expect_not "killed by signal|Segmentation|terminate called|HUNG"
       expect "$want"
-      echo "ok: refused ($want): $*"
+      echo "ok: refused with $RC ($want): $*"
+      TRIED=$((TRIED + 1))
     }
-    refuse "at most [0-9]+ elements" --local 2 --count 2305843009213693953 --iters 1
-    refuse "sizes like 4K, 64M, 1G" --local 2 --size 99999999999999999999999 --iters 1
-    refuse "sizes like 4K, 64M, 1G" --local 2 --size 4K --max-size 18446744073709551615 --iters 1
-    refuse "sizes like 4K, 64M, 1G" --local 2 --size 17592186044417M --iters 1
-    refuse "number of ranks must be 2..64" --local 1
-    refuse "--algorithm must be auto, ring, latency or mesh" --local 2 --algorithm tree --iters 1
-    refuse "--algorithm mesh needs a cable between every pair of ranks: rank [0-9] has none toward 1 rank" --local 4 --algorithm mesh --iters 1
-    refuse "--mesh has one cable between every pair of hosts" --local 4 --mesh --cables 2 --iters 1
-    refuse "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
-    refuse "FAILED during .*the latency algorithm takes sums of up to 1048576 bytes per rank" --local 2 --algorithm latency --size 2M --iters 1
+    TRIED=0
+    refuse 1 "at most [0-9]+ elements" --local 2 --count 2305843009213693953 --iters 1
+    refuse 1 "sizes like 4K, 64M, 1G" --local 2 --size 99999999999999999999999 --iters 1
+    refuse 1 "sizes like 4K, 64M, 1G" --local 2 --size 4K --max-size 18446744073709551615 --iters 1
+    refuse 1 "sizes like 4K, 64M, 1G" --local 2 --size 17592186044417M --iters 1
+    refuse 2 "number of ranks must be 2..64" --local 1
+    refuse 1 "--algorithm must be auto, ring, latency or mesh" --local 2 --algorithm tree --iters 1
+    refuse 1 "--algorithm mesh needs a cable between every pair of ranks: rank [0-9] has none toward 1 rank" --local 4 --algorithm mesh --iters 1
+    refuse 2 "--mesh has one cable between every pair of hosts" --local 4 --mesh --cables 2 --iters 1
+    refuse 1 "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
+    refuse 1 "FAILED during .*the latency algorithm takes sums of up to 1048576 bytes per rank" --local 2 --algorithm latency --size 2M --iters 1
     # A window whose queues fit 4095 frames but whose link CQs would exceed max_cqe: the budget
     # says so before any CQ is made (it failed at ibv_create_cq with EINVAL).
-    refuse "FAILED during setting up the ring: .*CQ entries: needs 4240, allows 4096" --local 2 --window 16 --message-bytes 256K --size 1M --iters 1
+    refuse 1 "FAILED during setting up the ring: .*CQ entries: needs 4240, allows 4096" --local 2 --window 16 --message-bytes 256K --size 1M --iters 1
+    # Finding 7 (issue 19): accepted silently before (a negative or zero count of iterations or
+    # credits, a negative wait, a rank that does not exist). --iters 0 meant "by size", the default
+    # when --iters is not given; given, it must be 1 or more.
+    refuse 105 "--iters: Value -5 not in range 1 to 1000000000" --local 2 --iters -5
+    refuse 105 "--iters: Value 0 not in range 1 to 1000000000" --local 2 --iters 0
+    refuse 105 "--warmup: Value -1 not in range 0 to 1000000000" --local 2 --warmup -1
+    refuse 105 "--window: Value 0 not in range 1 to 4096" --local 2 --window 0
+    refuse 105 "--window: Value -3 not in range 1 to 4096" --local 2 --window -3
+    refuse 105 "--gid-wait: Value -1 not in range 0 to 3600000" --local 2 --gid-wait -1
+    refuse 105 "--kill-rank: Value 99 not in range 0 to 63" --local 2 --kill-rank 99
+    refuse 105 "--kill-rank: must be a rank of --local 2: 0..1" --kill-rank 2 --local 2
+    refuse 105 "--stop-rank: applies to --local N only" --stop-rank 1 --iters 1
+    refuse 105 "--kill-after: Value -1 not in range 0 to 3600000" --local 2 --kill-rank 1 --kill-after -1
     "$RING" --local 2 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
     echo '[[null, ["rdma_en2", 7]], [["rdma_en1", "rdma_en2"], null]]' >"$WORK/devices.json"
     ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
-      refuse "lists something that is not a device name" --iters 1
+      refuse 2 "lists something that is not a device name" --iters 1
     echo '[[null, "rdma_en2", null], ["rdma_en1", null]]' >"$WORK/devices.json"
     ENV_PREFIX="JACCL_RANK=0 JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
-      refuse "must be a square matrix" --iters 1
+      refuse 2 "must be a square matrix" --iters 1
     ENV_PREFIX="JACCL_RANK=one JACCL_COORDINATOR=127.0.0.1:1 JACCL_IBV_DEVICES=$WORK/devices.json" \
-      refuse "is not a rank number" --iters 1
+      refuse 2 "is not a rank number" --iters 1
+    echo "$TRIED tried: $TRIED clear errors, 0 crashes, 0 hangs, 0 other"
     echo "ok: every bad input refused with a clear error"
     ;;
   sigint)
