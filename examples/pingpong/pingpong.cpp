@@ -447,7 +447,7 @@ int run(Options o, bool server, int sock) {
     for (const auto& line : tbverbs::explain_queue_pair(recipe, port_attrs, granted, prepared.endpoint(), remote, {}))
       tbverbs::explain(line);
     tbverbs::explain("MR: one page-aligned buffer of " + std::to_string(buf.size()) + " bytes, one region, access " +
-                     tbverbs::detail::access_names(static_cast<unsigned>(mr.access())) +
+                     tbverbs::access_flag_names(static_cast<unsigned>(mr.access())) +
                      " (reg_mr_two_sided: local write first, as TN3205 advises, then with remote rights)");
   }
   tbverbs::QueuePair qp = check(std::move(prepared).connect(remote));

@@ -3,7 +3,7 @@
 // prefixed and their exit codes collected. Linux only (the emulator is).
 #pragma once
 
-#include <tbverbs/detail/socket.hpp>
+#include <tbverbs/side_channel.hpp>
 
 #include "../../tools/common/local_scratch.hpp"
 
@@ -241,7 +241,7 @@ inline int run_local(const LocalOptions& o) {
   // emulator's environment variable instead.
   std::string quirk_env;
   for (const auto& q : o.quirks) quirk_env += (quirk_env.empty() ? "" : ",") + q;
-  const int port = tbverbs::detail::sc::free_loopback_port();
+  const int port = tbverbs::free_loopback_port();
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
   // A job id of this launch: the ranks derive their side-channel token from it, so a rank of
   // another job that finds the same port is refused instead of joining.

@@ -56,6 +56,9 @@ inline std::string access_names(unsigned flags) {
 }
 } // namespace detail
 
+/// The names of the `ibv_access_flags` bits set in `flags` ("LOCAL_WRITE|REMOTE_WRITE"; "none").
+inline std::string access_flag_names(unsigned flags) { return detail::access_names(flags); }
+
 /// True when explain mode is on: set_explain() if it was called, else `TBVERBS_EXPLAIN` set to
 /// anything but empty or "0".
 inline bool explain_enabled() noexcept {

@@ -211,6 +211,7 @@ struct State {
   std::string abort_text;            ///< Its text, for forwarding without re-prefixing.
   std::uint8_t abort_claim = 0;      ///< The error kind its origin claimed (forwarded as is).
   bool last_from_abort = false;      ///< The last error of wait_frames came from an abort frame.
+  std::uint64_t frames_sent = 0;     ///< Frames this rank began to send (any type, any peer).
 
   /// The rank's own name in details: "rank 3".
   std::string me() const { return "rank " + std::to_string(opts.rank); }
@@ -363,6 +364,7 @@ struct State {
                                   "-byte cap (SideChannelOptions::max_frame_bytes)"));
     std::array<std::byte, header_bytes> head;
     encode_header(make_header(type, opts.job_token, opts.rank, payload), head);
+    ++frames_sent;
     const std::size_t total = header_bytes + payload.size();
     std::size_t sent = 0;
     SigpipeGuard guard;
@@ -581,6 +583,9 @@ public:
   int size() const noexcept { return s_ ? s_->opts.size : 0; }
   /// True unless default-constructed, moved from or closed.
   bool valid() const noexcept { return s_ && !s_->closed; }
+  /// Frames this rank has sent since connect() (rendezvous, collectives, send_to, aborts): a
+  /// program checks with it that its data path does not touch the side channel.
+  std::uint64_t frames_sent() const noexcept { return s_ ? s_->frames_sent : 0; }
 
   /// Every rank contributes `mine`; every rank gets all `size()` contributions in rank order.
   /// Bounded by options.timeout from the call. The result travels as one frame, so the sum of
@@ -1179,5 +1184,10 @@ inline void SideChannel::close() noexcept {
     c.fd.reset();
   s_->poison_fds.clear();
 }
+
+/// A TCP port that is free on the loopback interface right now (0 when none could be found), for
+/// the coordinator of a job whose ranks all run on this machine (a `--local N` launcher). Another
+/// process may take it before it is used: callers retry, or fail clearly.
+inline int free_loopback_port() noexcept { return detail::sc::free_loopback_port(); }
 
 TBVERBS_NAMESPACE_END

@@ -4,7 +4,7 @@
 // Pure, so fuzz/fuzz_ring_config.cpp can feed it anything.
 #pragma once
 
-#include <tbverbs/detail/decimal.hpp>
+#include <tbverbs/sizes.hpp>
 
 #include <cstddef>
 #include <optional>
@@ -19,7 +19,7 @@ constexpr std::size_t kMaxSizeArg = std::size_t{1} << 40;
 /// "64M", "4K", "1G", "4KB", "123" -> bytes; nullopt for anything else or above `max`. The
 /// library's own parser (tbverbs/detail/decimal.hpp), which TBVERBS_MAX_MESSAGE goes through too.
 inline std::optional<std::size_t> parse_size(const std::string& s, std::size_t max = kMaxSizeArg) {
-  const auto v = tbverbs::detail::parse_size(s, max);
+  const auto v = tbverbs::parse_size(s, max);
   if (!v) return std::nullopt;
   return static_cast<std::size_t>(*v);
 }

@@ -90,6 +90,11 @@ public:
     if (in.size() != out.size()) return size_error("all_reduce", "in", in.size(), "out", out.size());
     return run(collective::Collective::all_reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
+  /// all_reduce from a mutable input span (`std::span<float>` does not deduce `span<const T>`).
+  template <CollectiveElement T>
+  [[nodiscard]] Result<void> all_reduce(std::span<T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return all_reduce(std::span<const T>(in), out, op);
+  }
   /// all_reduce in place.
   template <CollectiveElement T> [[nodiscard]] Result<void> all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
     return all_reduce(std::span<const T>(buf), buf, op);
@@ -100,6 +105,15 @@ public:
     if (out.size() != in.size() * static_cast<std::size_t>(size()))
       return size_error("all_gather", "out", out.size(), "size() x in", in.size() * static_cast<std::size_t>(size()));
     return run(collective::Collective::all_gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
+  }
+  /// all_gather from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> all_gather(std::span<T> in, std::span<T> out) {
+    return all_gather(std::span<const T>(in), out);
+  }
+  /// reduce_scatter from a mutable input span.
+  template <CollectiveElement T>
+  [[nodiscard]] Result<void> reduce_scatter(std::span<T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return reduce_scatter(std::span<const T>(in), out, op);
   }
   /// out = this rank's block of `in` combined over every rank: in.size() == size() * out.size().
   template <CollectiveElement T>
@@ -118,6 +132,10 @@ public:
   /// (docs/collectives.md, "send and recv").
   template <CollectiveElement T> [[nodiscard]] Result<void> send(std::span<const T> buf, int peer) {
     return run(collective::Collective::send, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(buf), {}, peer);
+  }
+  /// send from a mutable span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> send(std::span<T> buf, int peer) {
+    return send(std::span<const T>(buf), peer);
   }
   /// Receives `peer`'s send() into `buf` (the same size).
   template <CollectiveElement T> [[nodiscard]] Result<void> recv(std::span<T> buf, int peer) {

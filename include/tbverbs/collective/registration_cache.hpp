@@ -189,6 +189,8 @@ private:
         entries_.push_back(std::move(bad));
         return std::nullopt;
       }
+      if (explain_enabled())
+        explain(ports[p]->name + ": MR " + explain_memory(*set, "user memory (cached registration)", ports[p]->device.max_mr_size));
       e->sets.emplace_back(std::move(*set));
     }
     ++registrations_;

@@ -27,7 +27,8 @@ struct Value {
   double number = 0;
   std::string text;                                 ///< A string's value.
   std::vector<Value> items;                         ///< An array's elements.
-  std::vector<std::pair<std::string, Value>> members; ///< An object's members, in file order.
+  std::vector<std::string> keys;                    ///< An object's member names, in file order.
+  std::vector<Value> values;                        ///< An object's member values (values[k] is keys[k]'s).
 
   bool is_null() const noexcept { return kind == Kind::null; }
   bool is_string() const noexcept { return kind == Kind::string; }
@@ -36,8 +37,8 @@ struct Value {
   /// The member `key` of an object (the last one of that name), or nullptr.
   const Value* find(std::string_view key) const noexcept {
     const Value* found = nullptr;
-    for (const auto& m : members)
-      if (m.first == key) found = &m.second;
+    for (std::size_t k = 0; k < keys.size() && k < values.size(); ++k)
+      if (keys[k] == key) found = &values[k];
     return found;
   }
 };
@@ -243,8 +244,9 @@ struct Parser {
         ws();
         if (i >= s.size() || s[i] != ':') return fail("expected ':'");
         ++i;
-        v.members.emplace_back(std::move(key), Value{});
-        if (!value(v.members.back().second, depth + 1)) return false;
+        v.keys.push_back(std::move(key));
+        v.values.emplace_back();
+        if (!value(v.values.back(), depth + 1)) return false;
         ws();
         if (i < s.size() && s[i] == ',') {
           ++i;

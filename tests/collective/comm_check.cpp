@@ -1,0 +1,351 @@
+// The collectives layer (tbverbs/collective.hpp) checked as a program uses it: every rank builds
+// its options with CommunicatorOptions::from_env(), connects, and runs every collective, dtype and
+// op on counts that leave uneven chunks, in and out of place, comparing each result element by
+// element with what it computes itself from every rank's known input.
+//
+//   comm_check --local N [--profile P] [--mesh] [--quirk NAME=VALUE]... [rank options]
+//       starts N ranks of itself on an emulated fabric (the ring example's launcher);
+//   comm_check [rank options]      one rank, from the launcher's environment.
+//
+// Rank options: --counts 1,7,4099   element counts of the full matrix (every dtype and op)
+//               --large N           one more count for float32 and int64 (0: none)
+//               --credits N         N back-to-back 4-byte all_reduces whose side-channel frames
+//                                   must be zero (the data path is in band)
+//               --expect-error      a rank is killed: every other rank must fail with an Error
+//                                   (never hang), and say which rank
+// Exit 0 when everything matched; 1 with a line per mismatch otherwise.
+#include <tbverbs/collective.hpp>
+
+#include "../../examples/ring_all_sum/launcher.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using tbverbs::bfloat16;
+using tbverbs::float16;
+using tbverbs::ReduceOp;
+
+struct RankOptions {
+  std::vector<std::size_t> counts{1, 7, 4099};
+  std::size_t large = 0;
+  int credits = 0;
+  bool expect_error = false;
+};
+
+int g_failures = 0;
+int g_rank = -1;
+
+void failed(const std::string& what) {
+  if (++g_failures <= 20) std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
+}
+
+template <class T> T from_double(double v) {
+  if constexpr (std::is_same_v<T, float16>) return float16::from_float(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bfloat16>) return bfloat16::from_float(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+template <class T> double to_double(T v) {
+  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) return v.to_float();
+  else return static_cast<double>(v);
+}
+template <class T> constexpr const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  else if constexpr (std::is_same_v<T, double>) return "float64";
+  else if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+  else if constexpr (std::is_same_v<T, float16>) return "float16";
+  else return "bfloat16";
+}
+const char* op_name(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::sum: return "sum";
+  case ReduceOp::prod: return "prod";
+  case ReduceOp::min: return "min";
+  case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+// Rank r's element i for `op`: small integers, so every result is exact in every dtype (sums of
+// at most 8 ranks stay below 32, products below 2^8, both exact in bfloat16's 8-bit mantissa).
+double input(ReduceOp op, int r, std::size_t i) {
+  const auto k = static_cast<long long>(i % 1009);
+  switch (op) {
+  case ReduceOp::sum: return static_cast<double>((r * 7 + k * 3) % 4);
+  case ReduceOp::prod: return 1.0 + static_cast<double>((r + k) % 2);
+  case ReduceOp::min:
+  case ReduceOp::max: return static_cast<double>((r * 5 + k * 11) % 9) - 4.0;
+  }
+  return 0;
+}
+double combine(ReduceOp op, double a, double b) {
+  switch (op) {
+  case ReduceOp::sum: return a + b;
+  case ReduceOp::prod: return a * b;
+  case ReduceOp::min: return a < b ? a : b;
+  case ReduceOp::max: return a > b ? a : b;
+  }
+  return 0;
+}
+double reduced(ReduceOp op, int n, std::size_t i) {
+  double v = input(op, 0, i);
+  for (int r = 1; r < n; ++r) v = combine(op, v, input(op, r, i));
+  return v;
+}
+
+template <class T>
+void expect_equal(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      failed(what + ": element " + std::to_string(i) + " is " + std::to_string(to_double(got[i])) + ", expected " +
+             std::to_string(to_double(want[i])));
+      return;
+    }
+}
+
+bool ok(const tbverbs::Result<void>& r, const std::string& what) {
+  if (!r) failed(what + ": " + r.error().message());
+  return static_cast<bool>(r);
+}
+
+template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) {
+  const int n = c.size(), me = c.rank();
+  const std::string tag = std::string(type_name<T>()) + " x " + std::to_string(count);
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+    const std::string where = tag + " " + op_name(op);
+    std::vector<T> in(count), want(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      in[i] = from_double<T>(input(op, me, i));
+      want[i] = from_double<T>(reduced(op, n, i));
+    }
+    // all_reduce, out of place (the input must stay as it was) and in place.
+    std::vector<T> out(count, from_double<T>(99));
+    const std::vector<T> kept = in;
+    if (ok(c.all_reduce(std::span<const T>(in), std::span<T>(out), op), "all_reduce " + where)) {
+      expect_equal(out, want, "all_reduce " + where);
+      expect_equal(in, kept, "all_reduce " + where + " left its input");
+    }
+    std::vector<T> buf = in;
+    if (ok(c.all_reduce(std::span<T>(buf), op), "all_reduce in place " + where))
+      expect_equal(buf, want, "all_reduce in place " + where);
+
+    // reduce_scatter: `count` elements per rank out of count * n.
+    std::vector<T> rs_in(count * static_cast<std::size_t>(n)), rs_out(count), rs_want(count);
+    for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = from_double<T>(input(op, me, i));
+    for (std::size_t i = 0; i < count; ++i)
+      rs_want[i] = from_double<T>(reduced(op, n, static_cast<std::size_t>(me) * count + i));
+    if (ok(c.reduce_scatter(std::span<T>(rs_in), std::span<T>(rs_out), op), "reduce_scatter " + where))
+      expect_equal(rs_out, rs_want, "reduce_scatter " + where);
+  }
+  // all_gather, out of place and in place (the input is this rank's block of the output).
+  std::vector<T> mine(count), all(count * static_cast<std::size_t>(n)), all_want(all.size());
+  for (std::size_t i = 0; i < count; ++i) mine[i] = from_double<T>(input(ReduceOp::max, me, i));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < count; ++i)
+      all_want[static_cast<std::size_t>(r) * count + i] = from_double<T>(input(ReduceOp::max, r, i));
+  if (ok(c.all_gather(std::span<T>(mine), std::span<T>(all)), "all_gather " + tag)) expect_equal(all, all_want, "all_gather " + tag);
+  std::vector<T> inplace(all.size(), from_double<T>(0));
+  std::memcpy(inplace.data() + static_cast<std::size_t>(me) * count, mine.data(), count * sizeof(T));
+  if (ok(c.all_gather(std::span<const T>(inplace.data() + static_cast<std::size_t>(me) * count, count), std::span<T>(inplace)),
+         "all_gather in place " + tag))
+    expect_equal(inplace, all_want, "all_gather in place " + tag);
+
+  // broadcast from the first and the last rank.
+  for (int root : {0, n - 1}) {
+    std::vector<T> b(count), b_want(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      b[i] = from_double<T>(input(ReduceOp::sum, me, i));
+      b_want[i] = from_double<T>(input(ReduceOp::sum, root, i));
+    }
+    if (ok(c.broadcast(std::span<T>(b), root), "broadcast from " + std::to_string(root) + " " + tag))
+      expect_equal(b, b_want, "broadcast from " + std::to_string(root) + " " + tag);
+  }
+
+  // send/recv around the ring of ranks: even ranks send first, odd ones receive first.
+  const int to = (me + 1) % n, from = (me + n - 1) % n;
+  std::vector<T> s(count), r(count), r_want(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    s[i] = from_double<T>(input(ReduceOp::min, me, i));
+    r_want[i] = from_double<T>(input(ReduceOp::min, from, i));
+  }
+  auto send = [&] { return ok(c.send(std::span<const T>(s), to), "send to " + std::to_string(to) + " " + tag); };
+  auto recv = [&] {
+    if (ok(c.recv(std::span<T>(r), from), "recv from " + std::to_string(from) + " " + tag))
+      expect_equal(r, r_want, "recv from " + std::to_string(from) + " " + tag);
+  };
+  if (n == 1) return;
+  if (me % 2 == 0) {
+    send();
+    recv();
+  } else {
+    recv();
+    send();
+  }
+  // With an odd count of ranks the last (even) rank sends to rank 0, which was sending too:
+  // that works only because a send completes when its bytes are received, not when recv is called.
+}
+
+int run_rank(const RankOptions& ro) {
+  auto opts = tbverbs::CommunicatorOptions::from_env();
+  if (!opts) {
+    std::printf("options: %s\n", opts.error().message().c_str());
+    return 1;
+  }
+  g_rank = opts->rank;
+  auto comm = tbverbs::Communicator::connect(*opts);
+  if (!comm) {
+    std::printf("rank %d: connect: %s\n", opts->rank, comm.error().message().c_str());
+    return 1;
+  }
+  tbverbs::Communicator& c = *comm;
+
+  if (ro.expect_error) {
+    // Collectives until one fails: a rank of the job is killed by the launcher.
+    std::vector<float> v(1 << 16, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 1000000; ++i) {
+      auto r = c.all_reduce(std::span<float>(v));
+      if (!r) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("rank %d: all_reduce %d failed after %.1f s as expected: %s\n", c.rank(), i, s, r.error().message().c_str());
+        auto again = c.barrier();
+        if (again) {
+          failed("a broken communicator ran a barrier");
+          return 1;
+        }
+        return 0;
+      }
+    }
+    failed("no collective failed although a rank was killed");
+    return 1;
+  }
+
+  // Wrong arguments are refused before anything is sent, and break nothing.
+  {
+    std::vector<float> a(10), b(11);
+    auto r = c.all_reduce(std::span<float>(a), std::span<float>(b));
+    if (r || r.error().kind != tbverbs::ErrorKind::invalid_argument) failed("all_reduce of 10 into 11 elements was not refused");
+    auto bc = c.broadcast(std::span<float>(a), c.size());
+    if (bc || bc.error().kind != tbverbs::ErrorKind::invalid_argument) failed("broadcast from a root outside the job was not refused");
+  }
+
+  for (std::size_t count : ro.counts) {
+    check_type<float>(c, count);
+    check_type<double>(c, count);
+    check_type<std::int32_t>(c, count);
+    check_type<std::int64_t>(c, count);
+    check_type<float16>(c, count);
+    check_type<bfloat16>(c, count);
+  }
+  if (ro.large > 0) {
+    check_type<float>(c, ro.large);
+    check_type<std::int64_t>(c, ro.large);
+  }
+  if (!ok(c.barrier(), "barrier")) return 1;
+
+  if (ro.credits > 0 && c.size() > 1) {
+    // The data path is in band: back-to-back collectives send no side-channel frame.
+    std::vector<std::int32_t> word(1);
+    const std::uint64_t before = c.side_channel().frames_sent();
+    const std::uint64_t reg_before = c.registrations();
+    for (int i = 0; i < ro.credits; ++i) {
+      word[0] = c.rank() + i;
+      if (!ok(c.all_reduce(std::span<std::int32_t>(word)), "all_reduce " + std::to_string(i) + " of " + std::to_string(ro.credits))) break;
+      const std::int64_t want = static_cast<std::int64_t>(c.size()) * (c.size() - 1) / 2 + static_cast<std::int64_t>(c.size()) * i;
+      if (word[0] != want) {
+        failed("back-to-back all_reduce " + std::to_string(i) + ": " + std::to_string(word[0]) + ", expected " + std::to_string(want));
+        break;
+      }
+    }
+    const std::uint64_t frames = c.side_channel().frames_sent() - before;
+    std::printf("rank %d: %d back-to-back all_reduces sent %llu side-channel frames and made %llu registrations\n", c.rank(),
+                ro.credits, static_cast<unsigned long long>(frames),
+                static_cast<unsigned long long>(c.registrations() - reg_before));
+    if (frames != 0) failed(std::to_string(frames) + " side-channel frames during " + std::to_string(ro.credits) + " collectives");
+    if (c.registrations() != reg_before) failed("registrations in the steady state");
+  }
+  if (!ok(c.barrier(), "final barrier")) return 1;
+  if (g_failures == 0) std::printf("rank %d of %d: all collectives verified (%s)\n", c.rank(), c.size(), c.algorithm_rule().c_str());
+  return g_failures == 0 ? 0 : 1;
+}
+
+std::vector<std::size_t> parse_counts(const std::string& s) {
+  std::vector<std::size_t> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = s.find(',', start);
+    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    auto v = tbverbs::parse_decimal(part, std::uint64_t{1} << 30);
+    if (!v) {
+      std::fprintf(stderr, "--counts: \"%s\" is not a count\n", part.c_str());
+      std::exit(2);
+    }
+    out.push_back(static_cast<std::size_t>(*v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  RankOptions ro;
+  ring::LocalOptions lo;
+  lo.ranks = 0;
+  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
+  lo.timeout = std::chrono::milliseconds(240000);
+  std::vector<std::string> rank_args;
+  auto need = [&](int& i) -> std::string {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", argv[i]);
+      std::exit(2);
+    }
+    return argv[++i];
+  };
+  auto number = [&](const std::string& flag, const std::string& v, std::uint64_t max) {
+    auto n = tbverbs::parse_decimal(v, max);
+    if (!n) {
+      std::fprintf(stderr, "%s: \"%s\" is not a number up to %llu\n", flag.c_str(), v.c_str(), static_cast<unsigned long long>(max));
+      std::exit(2);
+    }
+    return *n;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--local") lo.ranks = static_cast<int>(number(a, need(i), 64));
+    else if (a == "--profile") lo.profile = need(i);
+    else if (a == "--mesh") lo.mesh = true;
+    else if (a == "--quirk") lo.quirks.push_back(need(i));
+    else if (a == "--kill-rank") lo.kill_rank = static_cast<int>(number(a, need(i), 63));
+    else if (a == "--kill-after-ms") lo.kill_after = std::chrono::milliseconds(number(a, need(i), 600000));
+    else {
+      rank_args.push_back(a);
+      if (a == "--counts") ro.counts = parse_counts(rank_args.emplace_back(need(i)));
+      else if (a == "--large") ro.large = static_cast<std::size_t>(number(a, rank_args.emplace_back(need(i)), 1u << 28));
+      else if (a == "--credits") ro.credits = static_cast<int>(number(a, rank_args.emplace_back(need(i)), 1000000));
+      else if (a == "--expect-error") ro.expect_error = true;
+      else {
+        std::fprintf(stderr, "unknown option %s\n", a.c_str());
+        return 2;
+      }
+    }
+  }
+  if (lo.ranks > 0) {
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
+    lo.args = rank_args;
+    return ring::run_local(lo);
+  }
+  return run_rank(ro);
+}
