@@ -66,9 +66,9 @@ constexpr std::string_view collective_name(Collective c) noexcept {
 
 /// One call as the schedules see it.
 struct OpShape {
-  Collective kind = Collective::all_reduce;
-  DType type = DType::f32;
-  ReduceOp op = ReduceOp::sum;
+  Collective kind = Collective::all_reduce; ///< The collective.
+  DType type = DType::f32;                  ///< The element type.
+  ReduceOp op = ReduceOp::sum;              ///< The reduction (all_reduce, reduce_scatter).
   /// Elements of the whole vector: all_reduce's input; reduce_scatter's input (size x the output);
   /// all_gather's output (size x the input); broadcast's and send/recv's buffer.
   std::size_t count = 0;
@@ -80,9 +80,11 @@ struct OpShape {
 
 /// The ring's directions over a Network's links (see the top of this file).
 struct Directions {
-  const Network& net;
-  std::size_t first[2], k[2]; // per side (left, right): first link and cables
+  const Network& net;      ///< The links.
+  std::size_t first[2];    ///< Per side (left, right): the index of its first link.
+  std::size_t k[2];        ///< Per side (left, right): its cables.
 
+  /// The directions over `n`'s left and right links.
   explicit Directions(const Network& n) noexcept
       : net(n), first{n.first(Side::left), n.first(Side::right)}, k{n.count(Side::left), n.count(Side::right)} {}
   /// The side direction d is sent on (R: right) and received from (R: left).
@@ -119,6 +121,7 @@ struct Directions {
 
 /// The ring (see the top of this file): all_reduce, reduce_scatter or all_gather.
 struct RingSchedule {
+  /// @cond SCHEDULE_STATE
   const Network& net;
   Directions dirs;
   OpShape shape;
@@ -127,6 +130,9 @@ struct RingSchedule {
   int n, r;
   Place::Buffer src, dst;
 
+  /// @endcond
+
+  /// The schedule of one call (`s`) on `nw`'s links.
   RingSchedule(const Network& nw, const OpShape& s, const OpMemory& m)
       : net(nw), dirs(nw), shape(s), mem(m), es(dtype_size(s.type)), n(nw.size()), r(nw.position()) {
     pe = std::max<std::size_t>(1, nw.config().message_bytes / es);
@@ -147,11 +153,13 @@ struct RingSchedule {
       dst = Place::Buffer::output;
     }
   }
+  /// Ring steps of the call: 2(n-1) for all_reduce, n-1 for reduce_scatter and all_gather.
   int steps() const noexcept { return shape.kind == Collective::all_reduce ? 2 * (n - 1) : n - 1; }
   /// True at a reduce-scatter step.
   bool rs(std::size_t step) const noexcept {
     return shape.kind == Collective::reduce_scatter || (shape.kind == Collective::all_reduce && step < static_cast<std::size_t>(n - 1));
   }
+  /// x modulo the ranks, never negative.
   int mod(long long x) const noexcept { return static_cast<int>(((x % n) + n) % n); }
   /// Chunk c (a ring position) of the vector: all_reduce cuts it evenly; reduce_scatter and
   /// all_gather chunks are the blocks of the ranks at those positions.
@@ -160,6 +168,7 @@ struct RingSchedule {
     if (shape.kind == Collective::all_reduce) return shape.count * static_cast<std::size_t>(c) / N;
     return static_cast<std::size_t>(net.rank_at(c)) * (shape.count / N);
   }
+  /// The end of chunk c (see chunk_begin()).
   std::size_t chunk_end(int c) const noexcept {
     const std::size_t N = static_cast<std::size_t>(n);
     if (shape.kind == Collective::all_reduce) return shape.count * static_cast<std::size_t>(c + 1) / N;
@@ -179,8 +188,11 @@ struct RingSchedule {
     const std::size_t hb = d == 0 ? cb : mid, he = d == 0 ? mid : ce, k = J % M;
     return {std::min(he, hb + k * pe), std::min(he, hb + (k + 1) * pe)};
   }
+  /// Messages this rank sends on link i in this call (Engine::run's schedule interface).
   std::size_t sends(std::size_t i) const noexcept { return dirs.count(i, T); }
+  /// Messages this rank receives on link i in this call.
   std::size_t recvs(std::size_t i) const noexcept { return dirs.count(i, T); }
+  /// Where message j sent on link i is read from.
   Place send_place(std::size_t i, std::size_t j) const noexcept {
     const int d = dirs.sends_dir(i);
     const std::size_t J = dirs.message(i, j);
@@ -189,6 +201,7 @@ struct RingSchedule {
     const bool first = rs(J / M) && J < M; // reduce-scatter step 0 sends this rank's own input
     return {first ? src : dst, b * es, (e - b) * es};
   }
+  /// Where message j received on link i goes.
   Place recv_place(std::size_t i, std::size_t j) const noexcept {
     const int d = dirs.recvs_dir(i);
     const std::size_t J = dirs.message(i, j);
@@ -197,12 +210,15 @@ struct RingSchedule {
     if (rs(J / M)) return {Place::Buffer::slot, 0, (e - b) * es};
     return {dst, b * es, (e - b) * es};
   }
+  /// Where the peer wants message j of link i written (the WRITE transport).
   Place peer_place(std::size_t, std::size_t) const noexcept { return {Place::Buffer::slot, 0, 0}; }
+  /// Whether message j of link i may be sent now, given what has arrived (`p`).
   bool send_ready(std::size_t i, std::size_t j, const Progress& p) const noexcept {
     const int d = dirs.sends_dir(i);
     const std::size_t J = dirs.message(i, j);
     return J < M || dirs.received_prefix(d, T, p) >= J - M + 1; // what the previous step received
   }
+  /// Message j of link i arrived at `data`: combine or copy it where it belongs.
   Result<void> received(std::size_t i, std::size_t j, const std::byte* data) noexcept {
     const int d = dirs.recvs_dir(i);
     const std::size_t J = dirs.message(i, j);
@@ -217,15 +233,18 @@ struct RingSchedule {
     reduce(shape.op, shape.type, into, mine, data, e - b);
     return {};
   }
+  /// Called once before the first message of the call.
   void start() noexcept {
     if (shape.kind != Collective::all_gather) return;
     std::byte* own = mem.output.data + chunk_begin(r) * es; // this rank's block, passed on from step 0
     if (own != mem.input.data) std::memcpy(own, mem.input.data, (chunk_end(r) - chunk_begin(r)) * es);
   }
+  /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     // reduce_scatter on one... (n >= 2): the last step wrote the block. A 1-step reduce_scatter
     // (2 ranks) too: step 0 is the last.
   }
+  /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const std::size_t J = dirs.message(i, j);
     const std::size_t step = J / M;
@@ -239,6 +258,7 @@ struct RingSchedule {
 
 /// The latency algorithm (see the top of this file): all_reduce or all_gather of small vectors.
 struct LatencySchedule {
+  /// @cond SCHEDULE_STATE
   const Network& net;
   Directions dirs;
   OpShape shape;
@@ -246,6 +266,9 @@ struct LatencySchedule {
   std::size_t es, pe, M, T, hops, bytes;
   int n, pos;
 
+  /// @endcond
+
+  /// The schedule of one call (`s`) on `nw`'s links.
   LatencySchedule(const Network& nw, const OpShape& s, const OpMemory& m)
       : net(nw), dirs(nw), shape(s), mem(m), es(dtype_size(s.type)), n(nw.size()), pos(nw.position()) {
     pe = std::max<std::size_t>(1, nw.config().message_bytes / es);
@@ -261,19 +284,25 @@ struct LatencySchedule {
   }
   /// The gather area's vectors: this rank's (0), then the one received at hop h of direction d.
   std::size_t own() const noexcept { return 0; }
+  /// See own().
   std::size_t area(int d, std::size_t h) const noexcept { return (1 + static_cast<std::size_t>(d) * hops + h) * net.layout().vector_bytes; }
+  /// The elements, or the place, of one message of the split (see the top of this file).
   std::pair<std::size_t, std::size_t> piece(std::size_t J) const noexcept {
     const std::size_t b = (J % M) * pe;
     return {b, std::min(vector_elements(), b + pe)};
   }
+  /// Messages this rank sends on link i in this call (Engine::run's schedule interface).
   std::size_t sends(std::size_t i) const noexcept { return dirs.count(i, T); }
+  /// Messages this rank receives on link i in this call.
   std::size_t recvs(std::size_t i) const noexcept { return dirs.count(i, T); }
+  /// Where message j sent on link i is read from.
   Place send_place(std::size_t i, std::size_t j) const noexcept {
     const std::size_t J = dirs.message(i, j), h = J / M;
     const auto [b, e] = piece(J);
     if (b == e) return {};
     return {Place::Buffer::scratch, (h == 0 ? own() : area(dirs.sends_dir(i), h - 1)) + b * es, (e - b) * es};
   }
+  /// Where message j received on link i goes.
   Place recv_place(std::size_t i, std::size_t j) const noexcept {
     const std::size_t J = dirs.message(i, j);
     const auto [b, e] = piece(J);
@@ -281,16 +310,20 @@ struct LatencySchedule {
     return {Place::Buffer::scratch, area(dirs.recvs_dir(i), J / M) + b * es, (e - b) * es};
   }
   // The peer receives direction-d message J at the same hop of the same direction.
+  /// Where the peer wants message j of link i written (the WRITE transport).
   Place peer_place(std::size_t i, std::size_t j) const noexcept {
     const std::size_t J = dirs.message(i, j);
     const auto [b, e] = piece(J);
     return {Place::Buffer::scratch, area(dirs.sends_dir(i), J / M) + b * es, (e - b) * es};
   }
+  /// Whether message j of link i may be sent now, given what has arrived (`p`).
   bool send_ready(std::size_t i, std::size_t j, const Progress& p) const noexcept {
     const std::size_t J = dirs.message(i, j);
     return J < M || dirs.received_prefix(dirs.sends_dir(i), T, p) >= J - M + 1;
   }
+  /// Message j of link i arrived at `data`: combine or copy it where it belongs.
   Result<void> received(std::size_t, std::size_t, const std::byte*) noexcept { return {}; }
+  /// Called once before the first message of the call.
   void start() noexcept { std::memcpy(net.scratch() + net.layout().gather(0), mem.input.data, bytes); }
   /// The vector of the rank at ring position p, in the gather area.
   const std::byte* vector_at(int p) const noexcept {
@@ -300,6 +333,7 @@ struct LatencySchedule {
     if (static_cast<std::size_t>(right_of) <= hops) return g + area(0, static_cast<std::size_t>(right_of - 1));
     return g + area(1, static_cast<std::size_t>(n - right_of - 1));
   }
+  /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     if (shape.kind == Collective::all_gather) {
       for (int p = 0; p < n; ++p)
@@ -310,6 +344,7 @@ struct LatencySchedule {
     reduce(shape.op, shape.type, mem.output.data, vector_at(0), vector_at(1), e);
     for (int p = 2; p < n; ++p) reduce(shape.op, shape.type, mem.output.data, mem.output.data, vector_at(p), e);
   }
+  /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const std::size_t J = dirs.message(i, j);
     const std::string dir = (sending ? dirs.sends_dir(i) : dirs.recvs_dir(i)) == 0 ? "rightward" : "leftward";
@@ -321,12 +356,16 @@ struct LatencySchedule {
 /// The mesh (see the top of this file): all_reduce, all_gather or reduce_scatter on a fully
 /// connected job.
 struct MeshSchedule {
+  /// @cond SCHEDULE_STATE
   const Network& net;
   OpShape shape;
   const OpMemory& mem;
   std::size_t es, pe, M, bytes;
   int n, me;
 
+  /// @endcond
+
+  /// The schedule of one call (`s`) on `nw`'s links.
   MeshSchedule(const Network& nw, const OpShape& s, const OpMemory& m)
       : net(nw), shape(s), mem(m), es(dtype_size(s.type)), n(nw.size()), me(nw.rank()) {
     pe = std::max<std::size_t>(1, nw.config().message_bytes / es);
@@ -345,12 +384,16 @@ struct MeshSchedule {
   std::size_t slot_of(int q, int at) const noexcept {
     return static_cast<std::size_t>(q == at ? 0 : 1 + (q < at ? q : q - 1)) * net.layout().vector_bytes;
   }
+  /// The elements, or the place, of one message of the split (see the top of this file).
   std::pair<std::size_t, std::size_t> piece(std::size_t j) const noexcept {
     const std::size_t b = j * pe;
     return {b * es, (std::min(bytes / es, b + pe) - b) * es};
   }
+  /// Messages this rank sends on link i in this call (Engine::run's schedule interface).
   std::size_t sends(std::size_t i) const noexcept { return peer_of(i) >= 0 ? M : 0; }
+  /// Messages this rank receives on link i in this call.
   std::size_t recvs(std::size_t i) const noexcept { return peer_of(i) >= 0 ? M : 0; }
+  /// Where message j sent on link i is read from.
   Place send_place(std::size_t i, std::size_t j) const noexcept {
     const auto [off, len] = piece(j);
     if (len == 0) return {};
@@ -358,23 +401,29 @@ struct MeshSchedule {
       return {Place::Buffer::input, static_cast<std::size_t>(peer_of(i)) * bytes + off, len};
     return {Place::Buffer::scratch, slot_of(me, me) + off, len};
   }
+  /// Where message j received on link i goes.
   Place recv_place(std::size_t i, std::size_t j) const noexcept {
     const auto [off, len] = piece(j);
     if (len == 0) return {};
     return {Place::Buffer::scratch, slot_of(peer_of(i), me) + off, len};
   }
+  /// Where the peer wants message j of link i written (the WRITE transport).
   Place peer_place(std::size_t i, std::size_t j) const noexcept {
     const auto [off, len] = piece(j);
     return {Place::Buffer::scratch, slot_of(me, peer_of(i)) + off, len};
   }
+  /// Whether message j of link i may be sent now, given what has arrived (`p`).
   bool send_ready(std::size_t, std::size_t, const Progress&) const noexcept { return true; }
+  /// Message j of link i arrived at `data`: combine or copy it where it belongs.
   Result<void> received(std::size_t, std::size_t, const std::byte*) noexcept { return {}; }
+  /// Called once before the first message of the call.
   void start() noexcept {
     std::byte* g = net.scratch() + net.layout().gather(0);
     const std::byte* own = shape.kind == Collective::reduce_scatter ? mem.input.data + static_cast<std::size_t>(me) * bytes
                                                                     : mem.input.data;
     std::memcpy(g + slot_of(me, me), own, bytes);
   }
+  /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     const std::byte* g = net.scratch() + net.layout().gather(0);
     if (shape.kind == Collective::all_gather) {
@@ -385,6 +434,7 @@ struct MeshSchedule {
     reduce(shape.op, shape.type, mem.output.data, g + slot_of(0, me), g + slot_of(1, me), e);
     for (int q = 2; q < n; ++q) reduce(shape.op, shape.type, mem.output.data, mem.output.data, g + slot_of(q, me), e);
   }
+  /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool) const {
     return (j >= M ? std::string("credit") : "mesh piece " + std::to_string(j)) + " of rank " + std::to_string(net.state(i).peer);
   }
@@ -392,12 +442,16 @@ struct MeshSchedule {
 
 /// The broadcast chain (see the top of this file).
 struct ChainSchedule {
+  /// @cond SCHEDULE_STATE
   const Network& net;
   Directions dirs;
   OpShape shape;
   std::size_t es, pe, mid, M[2], dist[2];
   int n;
 
+  /// @endcond
+
+  /// The schedule of one call (`s`) on `nw`'s links.
   ChainSchedule(const Network& nw, const OpShape& s) : net(nw), dirs(nw), shape(s), es(dtype_size(s.type)), n(nw.size()) {
     pe = std::max<std::size_t>(1, nw.config().message_bytes / es);
     mid = (s.count + 1) / 2;
@@ -410,38 +464,49 @@ struct ChainSchedule {
     const std::size_t half[2] = {mid, s.count - mid};
     for (int d = 0; d < 2; ++d) M[d] = (half[d] + pe - 1) / pe;
   }
+  /// The elements, or the place, of one message of the split (see the top of this file).
   std::pair<std::size_t, std::size_t> piece(int d, std::size_t J) const noexcept {
     const std::size_t hb = d == 0 ? 0 : mid, he = d == 0 ? mid : shape.count;
     return {std::min(he, hb + J * pe), std::min(he, hb + (J + 1) * pe)};
   }
+  /// Messages this rank sends on link i in this call (Engine::run's schedule interface).
   std::size_t sends(std::size_t i) const noexcept {
     const int d = dirs.sends_dir(i);
     return dist[d] + 1 < static_cast<std::size_t>(n) ? dirs.count(i, M[d]) : 0;
   }
+  /// Messages this rank receives on link i in this call.
   std::size_t recvs(std::size_t i) const noexcept {
     const int d = dirs.recvs_dir(i);
     return dist[d] > 0 ? dirs.count(i, M[d]) : 0;
   }
+  /// Where message j sent on link i is read from.
   Place send_place(std::size_t i, std::size_t j) const noexcept {
     const int d = dirs.sends_dir(i);
     const auto [b, e] = piece(d, dirs.message(i, j));
     if (b == e) return {};
     return {Place::Buffer::output, b * es, (e - b) * es};
   }
+  /// Where message j received on link i goes.
   Place recv_place(std::size_t i, std::size_t j) const noexcept {
     const int d = dirs.recvs_dir(i);
     const auto [b, e] = piece(d, dirs.message(i, j));
     if (b == e) return {};
     return {Place::Buffer::output, b * es, (e - b) * es};
   }
+  /// Where the peer wants message j of link i written (the WRITE transport).
   Place peer_place(std::size_t, std::size_t) const noexcept { return {Place::Buffer::slot, 0, 0}; }
+  /// Whether message j of link i may be sent now, given what has arrived (`p`).
   bool send_ready(std::size_t i, std::size_t j, const Progress& p) const noexcept {
     const int d = dirs.sends_dir(i);
     return dist[d] == 0 || dirs.received_prefix(d, M[d], p) > dirs.message(i, j);
   }
+  /// Message j of link i arrived at `data`: combine or copy it where it belongs.
   Result<void> received(std::size_t, std::size_t, const std::byte*) noexcept { return {}; }
+  /// Called once before the first message of the call.
   void start() noexcept {}
+  /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {}
+  /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const int d = sending ? dirs.sends_dir(i) : dirs.recvs_dir(i);
     const std::size_t J = dirs.message(i, j);
@@ -451,28 +516,44 @@ struct ChainSchedule {
 
 /// send or recv over one link (see the top of this file).
 struct PairSchedule {
+  /// @cond SCHEDULE_STATE
   OpShape shape;
   std::size_t es, pe, M;
 
+  /// @endcond
+
+  /// The schedule of one call (`s`) on `nw`'s links.
   explicit PairSchedule(const Network& nw, const OpShape& s) : shape(s), es(dtype_size(s.type)) {
     pe = std::max<std::size_t>(1, nw.config().message_bytes / es);
     M = std::max<std::size_t>(1, (s.count + pe - 1) / pe);
   }
+  /// Whether link i is the link to the peer.
   bool mine(std::size_t i) const noexcept { return i == shape.link; }
+  /// Messages this rank sends on link i in this call (Engine::run's schedule interface).
   std::size_t sends(std::size_t i) const noexcept { return mine(i) && shape.kind == Collective::send ? M : 0; }
+  /// Messages this rank receives on link i in this call.
   std::size_t recvs(std::size_t i) const noexcept { return mine(i) && shape.kind == Collective::recv ? M : 0; }
+  /// The elements, or the place, of one message of the split (see the top of this file).
   Place piece(Place::Buffer b, std::size_t j) const noexcept {
     const std::size_t lo = j * pe, hi = std::min(shape.count, lo + pe);
     if (lo >= hi) return {};
     return {b, lo * es, (hi - lo) * es};
   }
+  /// Where message j sent on link i is read from.
   Place send_place(std::size_t, std::size_t j) const noexcept { return piece(Place::Buffer::input, j); }
+  /// Where message j received on link i goes.
   Place recv_place(std::size_t, std::size_t j) const noexcept { return piece(Place::Buffer::output, j); }
+  /// Where the peer wants message j of link i written (the WRITE transport).
   Place peer_place(std::size_t, std::size_t) const noexcept { return {Place::Buffer::slot, 0, 0}; }
+  /// Whether message j of link i may be sent now, given what has arrived (`p`).
   bool send_ready(std::size_t, std::size_t, const Progress&) const noexcept { return true; }
+  /// Message j of link i arrived at `data`: combine or copy it where it belongs.
   Result<void> received(std::size_t, std::size_t, const std::byte*) noexcept { return {}; }
+  /// Called once before the first message of the call.
   void start() noexcept {}
+  /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {}
+  /// Message j of link i in words, for error details.
   std::string describe(std::size_t, std::size_t j, bool) const {
     return (j >= M ? std::string("credit") : "piece " + std::to_string(j)) + " of " +
            std::string(collective_name(shape.kind)) + " with rank " + std::to_string(shape.peer);

@@ -37,7 +37,9 @@ class Communicator;
 /// Must not outlive its Communicator.
 class MemoryRegistration {
 public:
+  /// Takes over `o`'s registration; `o` then holds none.
   MemoryRegistration(MemoryRegistration&& o) noexcept : cache_(o.cache_), data_(o.data_), bytes_(o.bytes_) { o.cache_ = nullptr; }
+  /// Releases this registration, then takes over `o`'s.
   MemoryRegistration& operator=(MemoryRegistration&& o) noexcept {
     if (this != &o) {
       release();
@@ -586,14 +588,15 @@ inline Result<void> Communicator::run(collective::Collective kind, DType t, Redu
   };
   const bool scratch_algo = algo == collective::Algorithm::latency ||
                             (algo == collective::Algorithm::mesh && kind != Collective::reduce_scatter);
+  // (mem, not in and out: a barrier runs on its own word.)
   if (!scratch_algo) {
-    if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output, out.data(), out.size(), 1);
-    else if (kind == Collective::send) lookup(mem.input, in.data(), in.size(), 0);
-    else if (kind == Collective::all_gather) lookup(mem.output, out.data(), out.size(), 1);
+    if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
+    else if (kind == Collective::send) lookup(mem.input, mem.input.data, mem.input.bytes, 0);
+    else if (kind == Collective::all_gather) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
     else {
-      if (!shape.in_place && kind != Collective::reduce_scatter) lookup(mem.output, out.data(), out.size(), 1);
-      lookup(mem.input, in.data(), in.size(), 0);
-      if (shape.in_place) mem.output = mem.input, mem.output.data = out.data();
+      if (!shape.in_place && kind != Collective::reduce_scatter) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
+      lookup(mem.input, mem.input.data, mem.input.bytes, 0);
+      if (shape.in_place) mem.output = mem.input; // the same memory, the same registration
     }
   }
   if (kind == Collective::reduce_scatter && algo == collective::Algorithm::ring) {

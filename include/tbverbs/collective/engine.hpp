@@ -51,7 +51,7 @@ struct Place {
   /// slot of the link: the schedule reads it from where it landed), `scratch` (the gather area),
   /// or the operation's `input`, `output` or `work` buffer.
   enum class Buffer : std::uint8_t { none, slot, scratch, input, output, work };
-  Buffer buffer = Buffer::none;
+  Buffer buffer = Buffer::none; ///< Which memory (see Buffer).
   std::size_t offset = 0; ///< Bytes into that memory.
   std::size_t length = 0; ///< Bytes of the message (0: empty).
 };
@@ -63,12 +63,14 @@ struct OpMemory {
   static constexpr std::size_t max_ports = 32; ///< Devices a communicator may use.
   /// One buffer.
   struct Buffer {
-    std::byte* data = nullptr;
-    std::size_t bytes = 0;
+    std::byte* data = nullptr; ///< Its first byte (nullptr: unused).
+    std::size_t bytes = 0;     ///< Its length.
     const MemoryRegionSet* reg[max_ports] = {}; ///< Per port (Network::ports order), or nullptr: staged.
     std::size_t offset[max_ports] = {};         ///< The buffer's start in that registration.
   };
-  Buffer input, output, work;
+  Buffer input;  ///< The call's input (empty for recv and barrier).
+  Buffer output; ///< The call's output (the input again when in place).
+  Buffer work;   ///< reduce_scatter's partial sums.
 };
 
 /// Per link, what the engine has delivered to the schedule and completed, for send_ready().
@@ -339,11 +341,10 @@ inline Result<void> Engine::run(Schedule& plan, const OpMemory& mem, std::string
   for (std::size_t i = 0; i < nl; ++i) {
     LinkState& s = net_.state(i);
     if (!s.early_head) continue;
-    if (ops_[i].wires == 0)
-      return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
-                              "rank " + std::to_string(s.peer) + " started a collective on link " +
-                                  std::to_string(net_.links()[i].id()) + " that this rank does not use there "
-                                  "(did every rank call the same collective?)"));
+    // A link this call does not use (send/recv use one link; a broadcast piece may leave one
+    // way empty): the head is the peer's next call on it, which finished this one first (or
+    // never took part: send/recv pair per link, not job-wide). It waits for that call here.
+    if (ops_[i].wires == 0) continue;
     s.early_head = false;
     if (auto r = arrived(i, 0, s.early_bytes); !r) {
       where = plan.describe(i, 0, false);

@@ -87,7 +87,7 @@ struct NetworkConfig {
   Cabling cabling;                           ///< The devices toward each peer.
   std::size_t message_bytes = 256 * 1024;    ///< Largest message (whole 4 KiB frames).
   int window = 8;                            ///< Messages in flight per direction of the ring.
-  Transport transport = Transport::automatic;
+  Transport transport = Transport::automatic; ///< SEND/RECV or RDMA WRITE with immediate (auto: by device).
   std::chrono::milliseconds timeout{30000};  ///< Bound of every set-up step and of no progress.
   std::chrono::milliseconds gid_wait{1000};  ///< How long to wait for an IPv4-mapped GID to appear.
   /// Bytes of the gather area each vector of the latency and mesh algorithms may take (their
@@ -149,15 +149,17 @@ struct LinkState {
   // Frames of the next collective's first message each way, as both ends guess them (the first
   // message of the previous collective on this link): the head receive is posted with that many
   // frames (Apple pairs a send and a receive by their frame counts).
-  std::uint32_t head_frames_in = 1, head_frames_out = 1;
+  std::uint32_t head_frames_in = 1;  ///< Frames of the next head this rank receives (see above).
+  std::uint32_t head_frames_out = 1; ///< Frames of the next head this rank sends (see above).
   unsigned head_slot = 0;        ///< Which of the link's two head slots the next head lands in.
   bool early_head = false;       ///< The next collective's head arrived during the previous one.
   std::uint32_t early_bytes = 0; ///< Its length.
-  std::uint64_t messages_sent = 0, messages_received = 0;  ///< Since set-up (traffic lines).
+  std::uint64_t messages_sent = 0;     ///< Messages sent since set-up (traffic lines).
+  std::uint64_t messages_received = 0; ///< Messages received since set-up (traffic lines).
   /// RDMA WRITE transport: where the peer's scratch is (its address, plan, rkeys on the peer's
   /// device) and where its slots for this link start in it.
   std::optional<MemoryAdvertisement> peer_scratch;
-  std::size_t peer_link_index = 0;
+  std::size_t peer_link_index = 0; ///< This link's index among the peer's links (its slots in peer_scratch).
 };
 
 /// The devices, links and scratch memory of one rank's communicator (see the top of this file).

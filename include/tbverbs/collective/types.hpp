@@ -152,21 +152,25 @@ constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
 }
 
 namespace collective {
+/// The element-wise loops behind reduce(): one per (type, op), so the compiler vectorises the sum
+/// and product loops of the wide types. Min and max keep `a` unless `b` compares smaller (larger):
+/// a NaN in `a` stays, one in `b` is dropped, the same on every rank.
 namespace kernels {
-// One element-wise loop per (type, op): the compiler vectorises the sum and product loops of the
-// wide types. Min and max keep `a` unless `b` compares smaller (larger): a NaN in `a` stays, one in
-// `b` is dropped, the same on every rank.
+/// d[i] = f(a[i], b[i]) for n elements.
 template <class T, class F> inline void apply(T* d, const T* a, const T* b, std::size_t n, F f) noexcept {
   for (std::size_t i = 0; i < n; ++i) d[i] = f(a[i], b[i]);
 }
+/// `op` over n elements of an arithmetic type; integers wrap (computed unsigned: no signed overflow).
 template <class T> inline void combine(ReduceOp op, T* d, const T* a, const T* b, std::size_t n) noexcept {
+  using Wide = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>, std::type_identity<T>>::type;
   switch (op) {
-  case ReduceOp::sum: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(x + y); }); break;
-  case ReduceOp::prod: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(x * y); }); break;
+  case ReduceOp::sum: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(static_cast<Wide>(x) + static_cast<Wide>(y)); }); break;
+  case ReduceOp::prod: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(static_cast<Wide>(x) * static_cast<Wide>(y)); }); break;
   case ReduceOp::min: apply(d, a, b, n, [](T x, T y) { return y < x ? y : x; }); break;
   case ReduceOp::max: apply(d, a, b, n, [](T x, T y) { return x < y ? y : x; }); break;
   }
 }
+/// `op` over n elements of float16 or bfloat16, computed in float32 and rounded once.
 template <class H> inline void combine16(ReduceOp op, H* d, const H* a, const H* b, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float x = a[i].to_float(), y = b[i].to_float();
