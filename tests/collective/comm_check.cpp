@@ -13,6 +13,10 @@
 //                                   must be zero (the data path is in band)
 //               --expect-error      a rank is killed: every other rank must fail with an Error
 //                                   (never hang), and say which rank
+//               --bench BYTES       instead of the checks: time a float32 sum all_reduce of BYTES
+//                                   per rank (--iters N, default 20, after 2 warm-ups; one line
+//                                   "bench: BYTES B, T us, algbw A GB/s, busbw B GB/s" from rank 0)
+// Launcher options: --link-gbps B --link-latency-us L (every cable direction paced: docs/emulator.md)
 // Exit 0 when everything matched; 1 with a line per mismatch otherwise.
 #include <tbverbs/collective.hpp>
 
@@ -39,6 +43,8 @@ struct RankOptions {
   std::size_t large = 0;
   int credits = 0;
   bool expect_error = false;
+  std::size_t bench_bytes = 0;
+  int iters = 20;
 };
 
 int g_failures = 0;
@@ -208,6 +214,28 @@ int run_rank(const RankOptions& ro) {
   }
   tbverbs::Communicator& c = *comm;
 
+  if (ro.bench_bytes > 0) {
+    // The slowest rank's mean time per call: a barrier before the timed loop, then each rank's
+    // mean, reduced with max (nccl-tests' convention).
+    std::vector<float> buf(std::max<std::size_t>(1, ro.bench_bytes / sizeof(float)), 1.0f);
+    for (int i = 0; i < 2; ++i)
+      if (!ok(c.all_reduce(std::span<float>(buf)), "warm-up all_reduce")) return 1;
+    if (!ok(c.barrier(), "barrier")) return 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < ro.iters; ++i)
+      if (!ok(c.all_reduce(std::span<float>(buf)), "all_reduce")) return 1;
+    std::vector<double> us{std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / ro.iters};
+    if (!ok(c.all_reduce(std::span<double>(us), ReduceOp::max), "all_reduce of the times")) return 1;
+    const double bytes = static_cast<double>(buf.size() * sizeof(float));
+    const double algbw = bytes / us[0] / 1e3, n = c.size();
+    if (c.rank() == 0)
+      std::printf("bench: %.0f B, %.1f us, algbw %.3f GB/s, busbw %.3f GB/s (%s)\n", bytes, us[0], algbw,
+                  algbw * 2 * (n - 1) / n, std::string(tbverbs::collective::algorithm_name(c.algorithm_for(tbverbs::collective::Collective::all_reduce, buf.size() * sizeof(float)))).c_str());
+    if (!ok(c.barrier(), "final barrier")) return 1;
+    std::printf("rank %d of %d: all collectives verified (bench only)\n", c.rank(), c.size());
+    return g_failures == 0 ? 0 : 1;
+  }
+
   if (ro.expect_error) {
     // Collectives until one fails: a rank of the job is killed by the launcher.
     std::vector<float> v(1 << 16, 1.0f);
@@ -320,6 +348,15 @@ int main(int argc, char** argv) {
     }
     return *n;
   };
+  auto real = [&](const std::string& flag, const std::string& v, double max) {
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end == nullptr || *end != '\0' || !(d >= 0 && d <= max)) {
+      std::fprintf(stderr, "%s: \"%s\" is not a number from 0 to %g\n", flag.c_str(), v.c_str(), max);
+      std::exit(2);
+    }
+    return d;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--local") lo.ranks = static_cast<int>(number(a, need(i), 64));
@@ -327,6 +364,8 @@ int main(int argc, char** argv) {
     else if (a == "--mesh") lo.mesh = true;
     else if (a == "--quirk") lo.quirks.push_back(need(i));
     else if (a == "--kill-rank") lo.kill_rank = static_cast<int>(number(a, need(i), 63));
+    else if (a == "--link-gbps") lo.link.gbytes_per_s = real(a, need(i), 10000);
+    else if (a == "--link-latency-us") lo.link.latency_us = real(a, need(i), 10000000);
     else if (a == "--kill-after-ms") lo.kill_after = std::chrono::milliseconds(number(a, need(i), 600000));
     else {
       rank_args.push_back(a);
@@ -334,6 +373,14 @@ int main(int argc, char** argv) {
       else if (a == "--large") ro.large = static_cast<std::size_t>(number(a, rank_args.emplace_back(need(i)), 1u << 28));
       else if (a == "--credits") ro.credits = static_cast<int>(number(a, rank_args.emplace_back(need(i)), 1000000));
       else if (a == "--expect-error") ro.expect_error = true;
+      else if (a == "--bench") {
+        auto b = tbverbs::parse_size(rank_args.emplace_back(need(i)), std::uint64_t{1} << 32);
+        if (!b) {
+          std::fprintf(stderr, "--bench: a size (4K, 64M)\n");
+          return 2;
+        }
+        ro.bench_bytes = static_cast<std::size_t>(*b);
+      } else if (a == "--iters") ro.iters = static_cast<int>(number(a, rank_args.emplace_back(need(i)), 1000000));
       else {
         std::fprintf(stderr, "unknown option %s\n", a.c_str());
         return 2;

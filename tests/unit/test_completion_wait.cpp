@@ -304,14 +304,31 @@ TEST_CASE("PollBackoff: spin, then yield, then sleeps of at most 1 ms, never pas
     for (std::uint32_t i = 0; i < PollBackoff::spin_polls + PollBackoff::yield_polls; ++i) REQUIRE(b.pause());
     CHECK(Clock::now() - t0 < 200ms);
   }
+  SECTION("a sleep is an eighth of the time waited, within first_sleep and max_sleep") {
+    using us = std::chrono::microseconds;
+    CHECK(PollBackoff::next_sleep(us{0}) == PollBackoff::first_sleep);
+    CHECK(PollBackoff::next_sleep(us{100}) == PollBackoff::first_sleep);
+    CHECK(PollBackoff::next_sleep(us{800}) == us{100}); // a 500 us wait is noticed ~60 us late, not 300
+    CHECK(PollBackoff::next_sleep(us{4000}) == us{500});
+    CHECK(PollBackoff::next_sleep(us{8000}) == PollBackoff::max_sleep);
+    CHECK(PollBackoff::next_sleep(10s) == PollBackoff::max_sleep);
+  }
   SECTION("sleeps grow to max_sleep and are cut to the deadline") {
     PollBackoff b(Clock::now() + 10s);
     for (std::uint32_t i = 0; i < PollBackoff::spin_polls + PollBackoff::yield_polls; ++i) REQUIRE(b.pause());
     const auto t0 = Clock::now();
-    for (int i = 0; i < 20; ++i) REQUIRE(b.pause()); // 16 us doubling to 1 ms: at least ~12 ms
-    const auto took = Clock::now() - t0;
-    CHECK(took >= 10ms);
-    CHECK(took < 20 * PollBackoff::max_sleep + 200ms);
+    int pauses = 0;
+    while (Clock::now() - t0 < 30ms) { // 16 us growing by an eighth per sleep, then 1 ms each
+      REQUIRE(b.pause());
+      ++pauses;
+    }
+    // Sleeping (not spinning): far fewer pauses than 30 ms of 16 us sleeps; and growing to 1 ms:
+    // after 30 ms of waiting, one pause takes at least about max_sleep.
+    CHECK(pauses < 300);
+    const auto s0 = Clock::now();
+    REQUIRE(b.pause());
+    CHECK(Clock::now() - s0 >= PollBackoff::max_sleep - 100us);
+    CHECK(Clock::now() - s0 < PollBackoff::max_sleep + 200ms);
     // A deadline 3 ms away is reached, not overslept by a whole sleep.
     PollBackoff near(Clock::now() + 3ms);
     for (std::uint32_t i = 0; i < PollBackoff::spin_polls + PollBackoff::yield_polls; ++i)

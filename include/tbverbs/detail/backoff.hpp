@@ -24,8 +24,11 @@ namespace detail {
 /// Phases: `spin_polls` polls back to back (a completion a few microseconds away costs no system
 /// call; the clock is read only every `clock_every` of them), then `yield_polls` polls each after
 /// a `sched_yield` (other ranks may share the core: the emulator runs every rank on one host),
-/// then sleeps starting at `first_sleep` and doubling up to `max_sleep`. A sleep is cut to what
-/// is left before the deadline, so a wait never oversleeps it. Not thread-safe; allocates nothing.
+/// then sleeps of an eighth of the time waited so far (next_sleep(): `first_sleep` at least,
+/// `max_sleep` at most). A completion is so noticed at most about 12% of the wait late, plus the
+/// system's timer lateness, whatever the wait; sleeps that doubled overslept a 500 us wait by up
+/// to 300 us on a machine whose timers wake 70 us late. A sleep is cut to what is left before the
+/// deadline, so a wait never oversleeps it. Not thread-safe; allocates nothing.
 class PollBackoff {
 public:
   using clock = std::chrono::steady_clock;
@@ -39,9 +42,18 @@ public:
   static constexpr std::chrono::microseconds first_sleep{16};
   /// The longest sleep: a completion is noticed at most about this late.
   static constexpr std::chrono::microseconds max_sleep{1000};
+  /// A sleep is at most the time waited divided by this.
+  static constexpr int waited_per_sleep = 8;
+
+  /// The sleep after `waited` without a completion: waited / waited_per_sleep, within
+  /// [first_sleep, max_sleep].
+  static constexpr std::chrono::microseconds next_sleep(std::chrono::microseconds waited) noexcept {
+    const auto s = waited / waited_per_sleep;
+    return s < first_sleep ? first_sleep : s > max_sleep ? max_sleep : s;
+  }
 
   /// A backoff for a wait that ends at `deadline`.
-  explicit PollBackoff(clock::time_point deadline) noexcept : deadline_(deadline) {}
+  explicit PollBackoff(clock::time_point deadline) noexcept : deadline_(deadline), since_(clock::now()) {}
 
   /// Pauses after an empty poll. Returns false, without pausing, once the deadline has passed
   /// (the caller then polls one last time or reports its timeout); true after the pause.
@@ -59,15 +71,15 @@ public:
       return true;
     }
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
-    sleep_for(left < sleep_ ? left : sleep_);
-    if (sleep_ < max_sleep) sleep_ = sleep_ * 2 > max_sleep ? max_sleep : sleep_ * 2;
+    const auto sleep = next_sleep(std::chrono::duration_cast<std::chrono::microseconds>(now - since_));
+    sleep_for(left < sleep ? left : sleep);
     return true;
   }
 
   /// Starts over at the spin phase (after a poll that found completions).
   void reset() noexcept {
     polls_ = 0;
-    sleep_ = first_sleep;
+    since_ = clock::now();
   }
 
   /// The deadline this backoff honours.
@@ -84,8 +96,8 @@ private:
   }
 
   clock::time_point deadline_;
+  clock::time_point since_; // the start of the wait, or of the last reset(): what next_sleep() divides
   std::uint32_t polls_ = 0;
-  std::chrono::microseconds sleep_ = first_sleep;
 };
 
 } // namespace detail
