@@ -28,6 +28,7 @@
 #include <tbverbs/link.hpp>
 #include <tbverbs/side_channel.hpp>
 #include <tbverbs/tbverbs.hpp>
+#include <tbverbs/wire.hpp>
 
 #include "dtype.hpp"
 
@@ -370,15 +371,15 @@ inline Result<void> Ring::open_ports(const tbverbs::Library& lib) {
 // once over the side channel, so a mismatched device file is named instead of timing out.
 inline Result<void> Ring::check_cables() {
   where_ = "checking the device file's cables against the neighbours'";
-  std::byte mine[8];
-  tbverbs::detail::put_be<std::uint32_t>(mine, static_cast<std::uint32_t>(cables_[0].size()));
-  tbverbs::detail::put_be<std::uint32_t>(mine + 4, static_cast<std::uint32_t>(cables_[1].size()));
-  auto all = sc_.all_gather(mine);
+  tbverbs::WireWriter mine;
+  mine.put<std::uint32_t>(static_cast<std::uint32_t>(cables_[0].size()))
+      .put<std::uint32_t>(static_cast<std::uint32_t>(cables_[1].size()));
+  auto all = sc_.all_gather(mine.data());
   if (!all) return fail(all.error());
   const int r = cfg_.rank, right = right_;
   const auto& theirs = (*all)[static_cast<std::size_t>(right)];
   if (theirs.size() != 8) return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed cable count"));
-  const auto their_left = tbverbs::detail::get_be<std::uint32_t>(theirs.data());
+  const auto their_left = tbverbs::WireReader(theirs).get<std::uint32_t>();
   if (their_left != cables_[1].size())
     return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
                             "the device file lists " + std::to_string(cables_[1].size()) + " cable(s) from rank " +
@@ -644,12 +645,12 @@ inline Result<void> Ring::connect() {
     granted = std::min({granted, caps.max_send_wr, caps.max_recv_wr});
   }
   // The neighbours must agree on the message size: take the smallest over the whole ring.
-  std::byte mine[8];
-  tbverbs::detail::put_be<std::uint64_t>(mine, confirmed);
-  auto all = sc_.all_gather(mine);
+  tbverbs::WireWriter mine;
+  mine.put<std::uint64_t>(confirmed);
+  auto all = sc_.all_gather(mine.data());
   if (!all) return fail(all.error());
   for (const auto& v : *all)
-    if (v.size() == 8) confirmed = std::min<std::size_t>(confirmed, tbverbs::detail::get_be<std::uint64_t>(v.data()));
+    if (v.size() == 8) confirmed = std::min<std::size_t>(confirmed, tbverbs::WireReader(v).get<std::uint64_t>());
   confirmed = std::max(tbverbs::frame_bytes, confirmed / tbverbs::frame_bytes * tbverbs::frame_bytes);
   if (confirmed < cfg_.message_bytes) {
     // Smaller messages: cut the scratch into more slots (same bytes) and widen the window to
@@ -675,13 +676,8 @@ inline Result<void> Ring::connect() {
 inline Result<void> Ring::exchange_targets() {
   if (!write_) return {};
   where_ = "exchanging the buffers' addresses and rkeys for RDMA WRITE";
-  using tbverbs::detail::get_be;
-  using tbverbs::detail::put_be;
-  std::vector<std::byte> mine;
-  auto put64 = [&](std::uint64_t v) {
-    mine.resize(mine.size() + 8);
-    put_be<std::uint64_t>(mine.data() + mine.size() - 8, v);
-  };
+  tbverbs::WireWriter mine;
+  auto put64 = [&](std::uint64_t v) { mine.put<std::uint64_t>(v); };
   auto put_regions = [&](const std::optional<tbverbs::MemoryRegionSet>& r) {
     put64(r ? reinterpret_cast<std::uintptr_t>(r->data()) : 0);
     put64(r ? r->size() : 0);
@@ -703,23 +699,16 @@ inline Result<void> Ring::exchange_targets() {
     put_regions(p.in);
     put_regions(p.out);
   }
-  auto all = sc_.all_gather(mine);
+  auto all = sc_.all_gather(mine.data());
   if (!all) return fail(all.error());
   auto malformed = [] { return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed RDMA WRITE targets")); };
   peer_.assign(links_.size(), PeerTargets{});
   for (std::size_t i = 0; i < first_[2]; ++i) {  // the ring's links (the mesh sends)
     const int side = refs_[i].side;
     const auto& theirs = (*all)[static_cast<std::size_t>(side == 0 ? left_ : right_)];
-    std::size_t at = 0;
-    bool ok = true, found = false;
-    auto get64 = [&]() -> std::uint64_t {
-      if (at + 8 > theirs.size()) {
-        ok = false;
-        return 0;
-      }
-      at += 8;
-      return get_be<std::uint64_t>(theirs.data() + at - 8);
-    };
+    tbverbs::WireReader in(theirs);
+    bool found = false;
+    auto get64 = [&]() -> std::uint64_t { return in.get<std::uint64_t>(); };
     auto get_regions = [&](RemoteRegions& r) {
       r.addr = get64();
       r.size = get64();
@@ -728,9 +717,9 @@ inline Result<void> Ring::exchange_targets() {
       r.plan.count = get64();
       r.plan.max_span = get64();
       r.rkeys.clear();
-      for (std::uint64_t k = 0; ok && k < r.plan.count; ++k) r.rkeys.push_back(static_cast<std::uint32_t>(get64()));
+      for (std::uint64_t k = 0; in.ok() && k < r.plan.count; ++k) r.rkeys.push_back(static_cast<std::uint32_t>(get64()));
     };
-    while (ok && at < theirs.size()) {
+    while (in.ok() && in.remaining() > 0) {
       PeerTargets t;
       const auto their_side = get64();
       const auto their_cable = get64();
@@ -741,13 +730,13 @@ inline Result<void> Ring::exchange_targets() {
       get_regions(t.in);
       get_regions(t.out);
       // The peer's entry for this cable: the other side of the same cable index.
-      if (ok && their_side == static_cast<std::uint64_t>(1 - side) && their_cable == refs_[i].cable) {
+      if (in.ok() && their_side == static_cast<std::uint64_t>(1 - side) && their_cable == refs_[i].cable) {
         peer_[i] = std::move(t);
         found = true;
         break;
       }
     }
-    if (!ok || !found) return malformed();
+    if (!in.ok() || !found) return malformed();
     if (peer_[i].slots != slots_ || peer_[i].slot_bytes != slot_bytes_)
       return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
                               "rank " + std::to_string(links_[i].peer()) + " has " + std::to_string(peer_[i].slots) +

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "config.hpp"
-#include "detail/wire.hpp"
+#include "wire.hpp"
 #include "error.hpp"
 #include "memory_region_set.hpp"
 #include "result.hpp"
@@ -45,8 +45,8 @@ struct MemoryAdvertisement {
   }
 
   /// The owner's address and the rkey of its region that holds [offset, offset + bytes): what an
-  /// RDMA WRITE to that range names. Errors: invalid_argument when the range leaves the buffer or
-  /// is longer than the plan's span (it could straddle two regions). Allocates nothing.
+  /// RDMA WRITE to that range names (RegionPlan::region_of, the owner's rule). Errors:
+  /// invalid_argument when the range leaves the buffer or no one region holds it. Allocates nothing.
   [[nodiscard]] Result<RemoteBuffer> at(std::size_t offset, std::size_t bytes) const noexcept {
     const auto k = plan.region_of(static_cast<std::size_t>(length), offset, bytes);
     if (!k || *k >= rkeys.size())
@@ -59,7 +59,7 @@ struct MemoryAdvertisement {
   /// Wire form: magic "TBMA", version, address, length, the plan's four fields, the region count
   /// and rkeys, CRC-32 of all before it; big-endian.
   std::vector<std::byte> serialize() const {
-    detail::WireWriter w;
+    WireWriter w;
     w.put<std::uint32_t>(magic).put<std::uint16_t>(version).put<std::uint64_t>(address).put<std::uint64_t>(length);
     w.put<std::uint64_t>(plan.region_bytes).put<std::uint64_t>(plan.stride).put<std::uint64_t>(plan.count);
     w.put<std::uint64_t>(plan.max_span).put<std::uint32_t>(static_cast<std::uint32_t>(rkeys.size()));
@@ -73,7 +73,7 @@ struct MemoryAdvertisement {
     auto bad = [](const char* why) {
       return fail(Error::make(Step::configure, ErrorKind::bad_frame, std::string("memory advertisement: ") + why));
     };
-    detail::WireReader r(bytes);
+    WireReader r(bytes);
     if (r.get<std::uint32_t>() != magic) return bad("not a tbverbs memory advertisement");
     if (const auto v = r.get<std::uint16_t>(); v != version)
       return bad(v > version ? "a newer version than this library reads" : "an unknown version");

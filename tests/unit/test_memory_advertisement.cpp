@@ -71,6 +71,10 @@ TEST_CASE("memory advertisement: at() names the region that holds a range, and r
   REQUIRE(last);
   CHECK(last->addr == a.address + last_start);
   CHECK(last->rkey == a.rkeys.back());
-  CHECK_FALSE(a.at(64u << 20, 1));               // past the end
-  CHECK_FALSE(a.at(0, (256u << 10) + 4096 + 1)); // longer than the plan's span
+  CHECK_FALSE(a.at(64u << 20, 1));                  // past the end
+  CHECK_FALSE(a.at(0, a.plan.region_bytes + 1));     // no one region holds it
+  // Within the overlap: region 1 holds a range that starts where region 0's stride ends.
+  auto second = a.at(a.plan.stride, a.plan.max_span);
+  REQUIRE(second);
+  CHECK(second->rkey == a.rkeys[1]);
 }

@@ -21,7 +21,7 @@
 #include "../memory_advertisement.hpp"
 #include "../side_channel.hpp"
 #include "../tbverbs.hpp"
-#include "../detail/wire.hpp"
+#include "../wire.hpp"
 
 #include <unistd.h>
 
@@ -369,12 +369,12 @@ inline Result<void> Network::open_ports(const Library& lib) {
 // once over the side channel, so a mismatched device file is named instead of timing out.
 inline Result<void> Network::check_cables() {
   if (cfg_.size < 2) return {};
-  detail::WireWriter w;
+  WireWriter w;
   w.put<std::uint32_t>(static_cast<std::uint32_t>(count(Side::left)));
   w.put<std::uint32_t>(static_cast<std::uint32_t>(count(Side::right)));
   auto all = sc_.all_gather(w.data());
   if (!all) return fail(all.error());
-  detail::WireReader r((*all)[static_cast<std::size_t>(right_)]);
+  WireReader r((*all)[static_cast<std::size_t>(right_)]);
   const auto their_left = r.get<std::uint32_t>();
   if (!r.ok()) return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed cable count"));
   if (their_left != count(Side::right))
@@ -550,12 +550,12 @@ inline Result<void> Network::agree_message_size() {
     const auto& caps = l.qp().capacities();
     granted = std::min({granted, caps.max_send_wr, caps.max_recv_wr});
   }
-  detail::WireWriter w;
+  WireWriter w;
   w.put<std::uint64_t>(confirmed);
   auto all = sc_.all_gather(w.data());
   if (!all) return fail(all.error());
   for (const auto& v : *all) {
-    detail::WireReader r(v);
+    WireReader r(v);
     const auto theirs = r.get<std::uint64_t>();
     if (r.ok()) confirmed = std::min<std::size_t>(confirmed, static_cast<std::size_t>(theirs));
   }
@@ -583,7 +583,7 @@ inline Result<void> Network::agree_message_size() {
 // per link, its peer's entry for the same link id.
 inline Result<void> Network::exchange_advertisements() {
   if (!write_) return {};
-  detail::WireWriter w;
+  WireWriter w;
   w.put<std::uint32_t>(static_cast<std::uint32_t>(links_.size()));
   for (std::size_t i = 0; i < links_.size(); ++i) {
     const auto ad = MemoryAdvertisement::of(*states_[i].port->scratch).serialize();
@@ -593,7 +593,7 @@ inline Result<void> Network::exchange_advertisements() {
   auto all = sc_.all_gather(w.data());
   if (!all) return fail(all.error());
   for (std::size_t i = 0; i < links_.size(); ++i) {
-    detail::WireReader r((*all)[static_cast<std::size_t>(links_[i].peer())]);
+    WireReader r((*all)[static_cast<std::size_t>(links_[i].peer())]);
     const auto entries = r.get<std::uint32_t>();
     bool found = false;
     for (std::uint32_t e = 0; r.ok() && e < entries && !found; ++e) {
