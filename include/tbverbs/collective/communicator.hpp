@@ -79,6 +79,29 @@ public:
   /// detail naming this rank and the step; the other ranks are told.
   [[nodiscard]] static Result<Communicator> connect(const CommunicatorOptions& options);
 
+  /// Takes over `o`'s connection; `o` is then empty (its calls fail with invalid_argument).
+  Communicator(Communicator&& o) noexcept = default;
+  /// Leaves this communicator's job (close()), then takes over `o`'s.
+  Communicator& operator=(Communicator&& o) noexcept {
+    if (this != &o) {
+      (void)close();
+      s_ = std::move(o.s_);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;            ///< Move-only.
+  Communicator& operator=(const Communicator&) = delete; ///< Move-only.
+  /// close(), its error dropped.
+  ~Communicator() { (void)close(); }
+
+  /// Leaves the job: every rank waits for the others (a side-channel barrier bounded by the
+  /// timeout), then the links, registrations and connections go. Without the wait, a rank that
+  /// finished its last collective and exited would look lost to a rank still completing that
+  /// collective (its last send completion, say), which would then fail. Skipped on a broken
+  /// communicator (the peers were told already). Idempotent; the destructor calls it, so call it
+  /// yourself to see its error. After it, every call fails with invalid_argument.
+  Result<void> close();
+
   /// This rank.
   int rank() const noexcept { return s_ ? s_->opts.rank : -1; }
   /// Ranks in the job.
@@ -216,13 +239,23 @@ public:
   std::vector<std::string> traffic() const { return s_ && s_->net ? s_->net->traffic() : std::vector<std::string>{}; }
   /// The side channel (a framework's own barrier or bootstrap; the collectives use it only at
   /// set-up and on failure: frames_sent() stays put while they run).
-  SideChannel& side_channel() noexcept { return s_->sc; }
+  /// (An empty one, whose calls fail, once moved from or closed.)
+  SideChannel& side_channel() noexcept {
+    static SideChannel none;
+    return s_ ? s_->sc : none;
+  }
   /// Registrations the cache made since connect (the steady state makes none).
   std::uint64_t registrations() const noexcept { return s_ && s_->cache ? s_->cache->registrations() : 0; }
   /// The options the communicator runs with (message size and window as set up).
-  const CommunicatorOptions& options() const noexcept { return s_->opts; }
+  const CommunicatorOptions& options() const noexcept {
+    static const CommunicatorOptions none;
+    return s_ ? s_->opts : none;
+  }
   /// The error that broke the communicator, if one did.
-  const std::optional<Error>& broken() const noexcept { return s_->broken; }
+  const std::optional<Error>& broken() const noexcept {
+    static const std::optional<Error> none;
+    return s_ ? s_->broken : none;
+  }
 
   /// Breaks the communicator from any thread (a framework's watchdog): a collective running now
   /// fails within about 20 ms with `cause`, the peers are told, later calls fail. Idempotent.
@@ -252,7 +285,7 @@ private:
   }
   Result<void> usable(std::string_view op) const {
     if (!s_)
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(op) + " on a moved-from communicator"));
+      return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(op) + " on a moved-from or closed communicator"));
     if (s_->broken) return fail(*s_->broken);
     return {};
   }
@@ -262,6 +295,7 @@ private:
                                    int peer);
   Error broke(Error e, const std::string& what);
 
+  Communicator() = default;
   std::unique_ptr<State> s_;
 };
 
@@ -307,6 +341,22 @@ inline Result<collective::Cabling> cabling_from_topology(const Topology& topo, i
   return c;
 }
 } // namespace detail
+
+inline Result<void> Communicator::close() {
+  if (!s_) return {};
+  std::unique_ptr<State> s = std::move(s_);
+  Result<void> r;
+  if (s->net && !s->broken && s->sc.valid()) {
+    r = s->sc.barrier();
+    if (!r) {
+      Error e = r.error();
+      e.with_detail("rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)" +
+                    (e.detail.empty() ? "" : ": ") + std::string(e.detail.view()));
+      r = fail(e);
+    }
+  }
+  return r; // the state goes here: registrations, links, devices, then the side channel
+}
 
 inline Error Communicator::broke(Error e, const std::string& what) {
   std::string d = "rank " + std::to_string(s_->opts.rank) + ", " + what;
