@@ -663,10 +663,7 @@ int get_event(Channel* ch, rdma_cm_event** out) {
     std::unique_lock<std::mutex> g(g_mu);
     if (ch->destroyed) park_in_destroyed(ch, g);
     --ch->waiters;
-    if (n < 0) {
-      if (err == EINTR) continue;
-      return fail(err);
-    }
+    if (n < 0) return fail(err);  // EINTR too: rdma_get_cm_event is one read() in librdmacm
     if (n == 0) return fail(EAGAIN);
     for (int i = 0; i < n; ++i)
       if (evs[i].data.u64) on_ready(evs[i].data.u64);

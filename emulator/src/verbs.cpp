@@ -227,7 +227,8 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   // to import the context, which ibv_import_device then refuses): a quiet eventfd.
   ctx.cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   // No asynchronous events are generated, but programs poll this fd, so make it real.
-  ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // Blocking, as rdma-core's (the uverbs fd): a program makes it non-blocking itself to poll it.
+  ctx.async_fd = eventfd(0, EFD_CLOEXEC);
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -745,7 +746,8 @@ EMU_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** c
     pollfd p{channel->fd, POLLIN, 0};
     int timeout = any_pending() ? 1 : (user_nonblock ? 0 : -1);
     int r = ::poll(&p, 1, timeout);
-    if (r < 0 && errno == EINTR) continue;
+    // A signal ends the wait with EINTR, as rdma-core's one read() does (qperf ends its timed
+    // tests with SIGALRM and no SA_RESTART: looping here hung it; issue 19 item 6).
     if (r < 0) return -1;
     if (r == 0) {
       if (user_nonblock && !any_pending()) {
@@ -756,7 +758,8 @@ EMU_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** c
     }
     uint32_t slot = 0;
     ssize_t n = ::read(channel->fd, &slot, sizeof slot);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0 && errno == EINTR) return -1;        // as above
+    if (n < 0 && errno == EAGAIN) continue;        // another reader took the event first
     if (n != static_cast<ssize_t>(sizeof slot)) {
       errno = EIO;
       return -1;
@@ -1320,8 +1323,14 @@ EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
     errno = EINVAL;
     return -1;
   }
+  // A non-blocking async fd (the usual way to poll for events) answers EAGAIN at once, as
+  // rdma-core's read() does; a blocking one waits until a signal ends it with EINTR.
+  if ((fcntl(c->v.context.async_fd, F_GETFL) & O_NONBLOCK) != 0) {
+    errno = EAGAIN;
+    return -1;
+  }
   pollfd p{c->v.context.async_fd, POLLIN, 0};
-  ::poll(&p, 1, -1);
+  if (::poll(&p, 1, -1) < 0) return -1;  // errno: EINTR
   errno = EAGAIN;
   return -1;
 }

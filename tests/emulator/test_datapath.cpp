@@ -2,11 +2,14 @@
 // retries, UC loss, completion channels.
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 
 #include <catch2/catch_test_macros.hpp>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -557,4 +560,68 @@ TEST_CASE("threads: concurrent RC traffic on separate QPs in one process, with d
   }
   for (auto& t : threads) t.join();
   CHECK(failures.load() == 0);
+}
+
+namespace {
+void on_alarm(int) {}
+// Runs `blocking_call` in a child process with SIGALRM (no SA_RESTART) due after 100 ms; returns
+// the child's exit status: 0 when the call returned -1 with EINTR, 1 otherwise, 2 when it was
+// still blocked 5 s later (killed: the signal did not end it).
+template <class F> int status_after_signal(F blocking_call) {
+  const pid_t child = fork();
+  if (child == 0) {
+    struct sigaction sa {};
+    sa.sa_handler = on_alarm;  // no SA_RESTART: the signal must end the wait
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, nullptr);
+    itimerval t{};
+    t.it_value.tv_usec = 100 * 1000;
+    setitimer(ITIMER_REAL, &t, nullptr);
+    const int r = blocking_call();
+    _exit(r == -1 && errno == EINTR ? 0 : 1);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  int st = 0;
+  while (waitpid(child, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      kill(child, SIGKILL);
+      waitpid(child, &st, 0);
+      return 2;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 3;
+}
+} // namespace
+
+TEST_CASE("a signal ends ibv_get_cq_event and ibv_get_async_event with EINTR, as rdma-core's read() does", "[channel][signal]") {
+  // qperf ends its timed tests with SIGALRM; an emulator that looped on EINTR hung it (issue 19 item 6).
+  TempFabric f(three_hosts("thunderbolt"));
+  REQUIRE(tbemu_set_quirks(f.p(), "completion_channels=on") == 0);
+  ibv_context* ctx = open_dev("hostB", "rdma_en1");
+  REQUIRE(ctx);
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  REQUIRE(ch);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+  REQUIRE(cq);
+  REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+  CHECK(status_after_signal([&] {
+          ibv_cq* ev_cq = nullptr;
+          void* ev_ctx = nullptr;
+          return ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+        }) == 0);
+  CHECK(status_after_signal([&] {
+          ibv_async_event ev{};
+          return ibv_get_async_event(ctx, &ev);
+        }) == 0);
+  // A non-blocking async fd answers at once.
+  const int fl = fcntl(ctx->async_fd, F_GETFL);
+  REQUIRE(fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+  ibv_async_event ev{};
+  errno = 0;
+  CHECK(ibv_get_async_event(ctx, &ev) == -1);
+  CHECK(errno == EAGAIN);
+  ibv_destroy_cq(cq);
+  CHECK(ibv_destroy_comp_channel(ch) == 0);
+  ibv_close_device(ctx);
 }
