@@ -293,6 +293,12 @@ private:
 /// no post functions (posting before the peer is known cannot compile). `connect` on an rvalue
 /// performs RTR and RTS and returns the connected QueuePair.
 ///
+/// **Moved-from.** After a move, or once connect() has succeeded (it moves the QP into the
+/// QueuePair), connect() returns EBADF (diagnosis "handle-closed") without calling a verb, as a
+/// moved-from QueuePair's posts do, and native_handle() is null. endpoint(), capacities() and
+/// recipe() keep describing the QP that was prepared (a loopback connects the second QP to the
+/// first one's endpoint after the first connected).
+///
 /// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
 /// \dontinclude tour/tour.cpp
 /// \skip auto prepared
@@ -314,8 +320,15 @@ public:
   /// layer and RoCE version where both ends say them: a RoCE v1 end and a v2 end connect but
   /// never carry traffic), re-reads the selected GID entry (a changed table is `gid_stale`, not a
   /// silent RTR failure), then INIT → RTR → RTS. Errors carry the device, port and GID index,
-  /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager).
+  /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager);
+  /// EBADF (no verb called) on a moved-from or already connected object.
   [[nodiscard]] Result<QueuePair> connect(const Endpoint& remote) && {
+    if (owned_.get() == nullptr || info_ == nullptr) [[unlikely]] {
+      // Moved from (connect() itself moves the QP out on success): everything below reads info_,
+      // which is null now (issue 18, finding 4: a SEGV on the documented retry-after-failure path).
+      Error e = Error::from_return(Step::modify_qp_rtr, EBADF);
+      return fail(e.with_detail(fact::closed_handle));
+    }
     const GidSelection& sel = recipe_.gid();
     auto peer_error = [&](const std::string& why) {
       Error e = Error::make(Step::check_endpoint, ErrorKind::incompatible_peer, why);

@@ -122,3 +122,37 @@ TEST_CASE("finding 2 (issue 18): a send chain refused before the driver reports 
   CHECK(rr.error().posted == 0);
   CHECK(rr.error().wr_id == 50);
 }
+
+TEST_CASE("finding 4 (issue 18): a moved-from PreparedQueuePair answers EBADF, never dereferences null",
+          "[issue18][prepared]") {
+  FakeVerbs f;
+  auto p = prepare_rc(f);
+  const Endpoint self = p.prep.endpoint();
+  const std::uint32_t qpn = self.qp_num;
+  const QpCapacities caps = p.prep.capacities();
+
+  // Moved into another object: the source is empty.
+  PreparedQueuePair other = std::move(p.prep);
+  CHECK(p.prep.native_handle() == nullptr);
+  auto again = std::move(p.prep).connect(self); // SEGV under ASan before
+  REQUIRE_FALSE(again);
+  CHECK(again.error().is(EBADF));
+  REQUIRE(again.error().diagnosis() != nullptr);
+  CHECK(again.error().diagnosis()->id == "handle-closed");
+  CHECK(f.modify_attrs.size() == 1); // INIT only: no modify_qp reached the driver
+  // The accessors keep describing the QP that was prepared (a loopback connects the second QP
+  // to the first one's endpoint after the first connected).
+  CHECK(p.prep.endpoint().qp_num == qpn);
+  CHECK(p.prep.capacities().max_inline_data == caps.max_inline_data);
+  CHECK(p.prep.recipe().type() == QpType::rc);
+
+  // Moved into the connected QueuePair by a successful connect(): connecting again is EBADF too.
+  auto qp = std::move(other).connect(self);
+  REQUIRE(qp);
+  CHECK(other.native_handle() == nullptr);
+  auto twice = std::move(other).connect(self);
+  REQUIRE_FALSE(twice);
+  CHECK(twice.error().is(EBADF));
+  CHECK(twice.error().diagnosis()->id == "handle-closed");
+  CHECK(qp->native_handle() != nullptr); // the live QP is untouched
+}
