@@ -156,3 +156,43 @@ TEST_CASE("finding 4 (issue 18): a moved-from PreparedQueuePair answers EBADF, n
   CHECK(twice.error().diagnosis()->id == "handle-closed");
   CHECK(qp->native_handle() != nullptr); // the live QP is untouched
 }
+
+TEST_CASE("finding 5 (issue 18): rtr_transition refuses a GID index above 255 instead of truncating it",
+          "[issue18][recipe]") {
+  std::vector<Gid> entries(301, *Gid::parse("fe80::1"));
+  entries[300] = Gid::from_ipv4(0x0a630001); // the only IPv4 entry: index 300 (44 as uint8_t)
+  entries[44] = Gid::from_ipv4(0x0a63002c);
+  auto table = GidTable::from_entries(1, entries, Platform::rdma_core, "mlx5_0");
+  auto sel = table.at_index(300);
+  REQUIRE(sel);
+  const QpRecipe recipe = QpRecipe::rdma_core_rc(*sel);
+  Endpoint peer;
+  peer.qp_type = QpType::rc;
+  peer.gid = Gid::from_ipv4(0x0a630002);
+
+  auto rtr = recipe.rtr_transition(peer);
+  REQUIRE_FALSE(rtr); // was a transition with sgid_index 44
+  CHECK(rtr.error().kind == ErrorKind::gid_index_invalid);
+  CHECK(rtr.error().gid_index == 300);
+  CHECK(contains_text(std::string(rtr.error().detail.view()), "8 bits"));
+
+  // Explain mode builds from the same transition: it names the refusal, never index 44.
+  PortAttributes port;
+  port.link_layer = LinkLayer::ethernet;
+  const auto lines = explain_queue_pair(recipe, port, recipe.requested_capacities(), recipe.local_endpoint(1, 2), peer, {});
+  bool refused = false;
+  for (const auto& l : lines) {
+    INFO(l);
+    CHECK_FALSE(contains_text(l, "sgid_index=44"));
+    refused = refused || contains_text(l, "GID index 300");
+  }
+  CHECK(refused);
+
+  // Index 255 is the largest the ABI carries, and is emitted as is.
+  auto top = GidTable::from_entries(1, std::vector<Gid>(256, Gid::from_ipv4(0x0a630001)), Platform::rdma_core, "mlx5_0");
+  auto sel255 = top.at_index(255);
+  REQUIRE(sel255);
+  auto ok = QpRecipe::rdma_core_rc(*sel255).rtr_transition(peer);
+  REQUIRE(ok);
+  CHECK(ok->attr.ah_attr.grh.sgid_index == 255);
+}
