@@ -108,9 +108,9 @@ struct Error {
   int wc_status = -1;                        ///< Work-completion status, or -1 when there is none.
   int port = 0;                              ///< Port number, 0 when not known.
   int gid_index = -1;                        ///< GID table index involved, -1 when none.
-  std::uint64_t wr_id = 0;                   ///< wr_id of a failed work completion, or of the first work request a failed post did not post.
+  std::uint64_t wr_id = 0;                   ///< wr_id of a failed work completion, or of the first work request a failed post did not post (the refused one when tbverbs refused the chain before the driver).
   std::uint32_t qp_num = no_qp;              ///< QP number a failed completion or post concerns; `no_qp` when none.
-  int posted = -1;                           ///< Work requests of a failed post's chain that were posted before it stopped; -1 when not a post.
+  int posted = -1;                           ///< Work requests of a failed post's chain that were posted before it stopped (0 when tbverbs refused it before the driver); -1 when not a post.
   int vendor_err = 0;                        ///< The provider's vendor_err of a failed work completion (0: none).
   detail::FixedString<64> device;            ///< Device name, empty when not known.
   detail::FixedString<256> detail;           ///< Extra facts: a symbol, a path, the devices found.
@@ -197,11 +197,19 @@ struct Error {
       m += " (" + std::to_string(wc_status) + ")";
       m += ", wr_id " + std::to_string(wr_id);
       if (sys_errno != 0) m += ", errno " + errno_text();
-    } else if (kind == ErrorKind::verb_failed || posted >= 0) {
+    } else if (kind != ErrorKind::verb_failed && posted >= 0) {
+      // A post tbverbs refused before calling the driver (a condition, not a driver failure:
+      // issue 18, finding 2): "ibv_post_send: capacity, refused before the driver: ...".
+      m += ": ";
+      m += kind_name(kind);
+      if (sys_errno != 0) m += ", errno " + errno_text();
+      m += ", refused before the driver: " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
+           " of the chain posted; refused: wr_id " + std::to_string(wr_id);
+    } else if (kind == ErrorKind::verb_failed) {
       // A verb that failed: "ibv_post_send failed with ENOMEM (12: ...) after posting ...".
       m += " failed";
       if (sys_errno != 0) m += " with " + errno_text();
-      else if (kind == ErrorKind::verb_failed) m += " (the verb set no errno)";
+      else m += " (the verb set no errno)";
       if (posted >= 0)
         m += " after posting " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
              " of the chain; first not posted: wr_id " + std::to_string(wr_id);

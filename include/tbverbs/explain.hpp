@@ -131,31 +131,37 @@ inline std::vector<std::string> explain_queue_pair(const QpRecipe& recipe, const
             ? " (SEND/RECV only, no remote rights: Apple's driver accepts RDMA WRITE but never executes it)"
             : " (remote rights of an RDMA WRITE/READ target)"));
 
-  const QpTransition rtr = recipe.rtr_transition(remote);
-  const auto& ah = rtr.attr.ah_attr;
-  line("RTR qp_state=RTR (INIT -> RTR, toward the peer's endpoint)");
-  line("RTR path_mtu=" + std::to_string(mtu_bytes(static_cast<Mtu>(rtr.attr.path_mtu))) + " (the smaller of local " +
-       std::to_string(mtu_bytes(recipe.path_mtu())) + " and the peer's " + std::to_string(mtu_bytes(remote.mtu)) +
-       "; port active MTU " + std::to_string(mtu_bytes(port.active_mtu)) +
-       (tb ? "; 1024 is the recipe JACCL and ds4 use, the wire frame is 4 KiB either way)" : ")"));
-  line("RTR dest_qp_num=" + detail::hex(rtr.attr.dest_qp_num) + " (the peer's QP number, from its endpoint)");
-  line("RTR rq_psn=" + detail::hex(rtr.attr.rq_psn) +
-       " (the peer's initial PSN, from its endpoint; fresh per process and attempt)");
-  line("RTR ah_attr.is_global=" + std::to_string(ah.is_global) +
-       (tb ? " (GRH always: Thunderbolt addresses the peer by GID, TN3205)" : " (GRH: RoCE addresses by GID)"));
-  line("RTR ah_attr.grh.dgid=" + remote.gid.to_string() + " (the GID the peer advertised)");
-  line("RTR ah_attr.grh.sgid_index=" + std::to_string(ah.grh.sgid_index) + " (GID[" +
-       std::to_string(recipe.gid().index()) + "] " + recipe.gid().gid().to_string() + ", " +
-       std::string(recipe.gid().reason()) + "; the advertised GID is the same entry)");
-  line("RTR ah_attr.grh.hop_limit=" + std::to_string(ah.grh.hop_limit) +
-       (ah.grh.hop_limit == 1 ? " (one cable, no router)" : " (routed RoCE)"));
-  line("RTR ah_attr.dlid=" + std::to_string(ah.dlid) + " (the peer port's LID, from its endpoint)");
-  line("RTR ah_attr.sl=" + std::to_string(ah.sl) + ", src_path_bits=" + std::to_string(ah.src_path_bits) +
-       ", port_num=" + std::to_string(ah.port_num) + " (defaults; the selected GID's port)");
-  if (recipe.type() == QpType::rc) {
-    line("RTR max_dest_rd_atomic=" + std::to_string(rtr.attr.max_dest_rd_atomic) + " (RC: one outstanding read)");
-    line("RTR min_rnr_timer=" + std::to_string(rtr.attr.min_rnr_timer) +
-         " (RC: how long a sender waits for a receive to be posted)");
+  const auto rtr_built = recipe.rtr_transition(remote);
+  if (!rtr_built) {
+    // No transition to show: the recipe refuses it (a GID index above 255), as connect() would.
+    line("RTR refused: " + std::string(rtr_built.error().detail.view()));
+  } else {
+    const QpTransition& rtr = *rtr_built;
+    const auto& ah = rtr.attr.ah_attr;
+    line("RTR qp_state=RTR (INIT -> RTR, toward the peer's endpoint)");
+    line("RTR path_mtu=" + std::to_string(mtu_bytes(static_cast<Mtu>(rtr.attr.path_mtu))) + " (the smaller of local " +
+         std::to_string(mtu_bytes(recipe.path_mtu())) + " and the peer's " + std::to_string(mtu_bytes(remote.mtu)) +
+         "; port active MTU " + std::to_string(mtu_bytes(port.active_mtu)) +
+         (tb ? "; 1024 is the recipe JACCL and ds4 use, the wire frame is 4 KiB either way)" : ")"));
+    line("RTR dest_qp_num=" + detail::hex(rtr.attr.dest_qp_num) + " (the peer's QP number, from its endpoint)");
+    line("RTR rq_psn=" + detail::hex(rtr.attr.rq_psn) +
+         " (the peer's initial PSN, from its endpoint; fresh per process and attempt)");
+    line("RTR ah_attr.is_global=" + std::to_string(ah.is_global) +
+         (tb ? " (GRH always: Thunderbolt addresses the peer by GID, TN3205)" : " (GRH: RoCE addresses by GID)"));
+    line("RTR ah_attr.grh.dgid=" + remote.gid.to_string() + " (the GID the peer advertised)");
+    line("RTR ah_attr.grh.sgid_index=" + std::to_string(ah.grh.sgid_index) + " (GID[" +
+         std::to_string(recipe.gid().index()) + "] " + recipe.gid().gid().to_string() + ", " +
+         std::string(recipe.gid().reason()) + "; the advertised GID is the same entry)");
+    line("RTR ah_attr.grh.hop_limit=" + std::to_string(ah.grh.hop_limit) +
+         (ah.grh.hop_limit == 1 ? " (one cable, no router)" : " (routed RoCE)"));
+    line("RTR ah_attr.dlid=" + std::to_string(ah.dlid) + " (the peer port's LID, from its endpoint)");
+    line("RTR ah_attr.sl=" + std::to_string(ah.sl) + ", src_path_bits=" + std::to_string(ah.src_path_bits) +
+         ", port_num=" + std::to_string(ah.port_num) + " (defaults; the selected GID's port)");
+    if (recipe.type() == QpType::rc) {
+      line("RTR max_dest_rd_atomic=" + std::to_string(rtr.attr.max_dest_rd_atomic) + " (RC: one outstanding read)");
+      line("RTR min_rnr_timer=" + std::to_string(rtr.attr.min_rnr_timer) +
+           " (RC: how long a sender waits for a receive to be posted)");
+    }
   }
 
   const QpTransition rts = recipe.rts_transition(local.psn);

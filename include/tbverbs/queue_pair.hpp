@@ -83,7 +83,9 @@ constexpr SendOps send_ops_for(QpType type, Platform platform, bool allow_one_si
 /// `ibv_post_send`/`ibv_post_recv` do, and allocate nothing. The error number is the verb's
 /// return value (sign-normalised), never `errno`. A failed chain says how far it got: the
 /// Error's `posted` is the number of requests posted before the one the driver refused, and its
-/// `wr_id` is that request's (the driver's `bad_wr`).
+/// `wr_id` is that request's (the driver's `bad_wr`). A request tbverbs refuses before calling the
+/// driver (`unsupported`, `capacity`) refuses its whole chain: `posted` is 0, `wr_id` is the
+/// refused request's, and the message says "refused before the driver", never "failed".
 ///
 /// Errors of every post (diagnosed by the catalogue):
 /// - ENOMEM: the queue is full, i.e. more outstanding requests than the granted max_send_wr /
@@ -149,7 +151,7 @@ public:
   /// max_inline_data (`capacity`); a SEND without the inline flag costs no check.
   [[nodiscard]] Result<void> post(const SendWr& wr) noexcept {
     if (!admissible(wr)) [[unlikely]]
-      return fail(refused(wr, 0));
+      return fail(refused(wr, -1));
     // verbs.h takes a non-const pointer for historical reasons; providers only read the request.
     abi::ibv_send_wr& raw = const_cast<abi::ibv_send_wr&>(wr.wr_); // next is null outside a chain's post
     abi::ibv_send_wr* bad = nullptr;
@@ -159,12 +161,13 @@ public:
     return {};
   }
   /// Posts a whole chain with one call (one doorbell on most drivers). Every request is checked
-  /// first, as post(const SendWr&) does; a refused one posts nothing (`posted` 0). A driver
-  /// failure part-way says how many were posted (`posted`) and which was not (`wr_id`).
+  /// first, as post(const SendWr&) does; a refused one posts nothing of the chain (`posted` 0,
+  /// `wr_id` and the detail name the refused request). A driver failure part-way says how many
+  /// were posted (`posted`) and which was not (`wr_id`).
   template <std::size_t N> [[nodiscard]] Result<void> post(SendChain<N>& chain) noexcept {
     for (std::size_t i = 0; i < chain.size(); ++i)
       if (!admissible(chain[i])) [[unlikely]]
-        return fail(refused(chain[i], static_cast<int>(i)));
+        return fail(refused(chain[i], static_cast<int>(i))); // before the driver: nothing posted
     abi::ibv_send_wr* head = chain.link();
     if (head == nullptr) return {};
     abi::ibv_send_wr* bad = nullptr;
@@ -313,22 +316,28 @@ private:
     e.wr_id = bad != nullptr ? bad->wr_id : head->wr_id;
     return stamp(e);
   }
-  // Stamped with the device and platform, so the catalogue's profile-limit row explains it.
-  [[gnu::noinline, gnu::cold]] Error refused(const SendWr& wr, int posted) const noexcept {
+  // A request refused before the driver is called: `index` is its place in a chain (-1: posted
+  // alone). Nothing of the chain reached the driver, so `posted` is 0 whatever the index (it was
+  // the index, and a backend counting credits from it waited for requests never posted: issue
+  // 18, finding 2). Stamped with the device and platform, so the catalogue's profile-limit row
+  // explains it.
+  [[gnu::noinline, gnu::cold]] Error refused(const SendWr& wr, int index) const noexcept {
     const abi::ibv_send_wr& w = wr.wr_;
     Error e;
     if (w.opcode != abi::IBV_WR_SEND && !contains(ops_, static_cast<SendOp>(w.opcode))) {
       e = Error::make(Step::post_send, ErrorKind::unsupported);
+      if (index >= 0) e.detail.appendf("request %d of the chain: ", index);
       e.detail.appendf("%s is not executed by this QP (%s, %s profile)", send_op_name(static_cast<SendOp>(w.opcode)),
                        type_ == QpType::rc ? "RC" : type_ == QpType::uc ? "UC" : "UD",
                        info_ != nullptr && info_->platform == Platform::apple ? "Thunderbolt: SEND/RECV only" : "this");
     } else {
       e = Error::make(Step::post_send, ErrorKind::capacity);
+      if (index >= 0) e.detail.appendf("request %d of the chain: ", index);
       e.detail.appendf("%s: %llu bytes, the QP was granted %u", fact::inline_too_large.data(),
                        static_cast<unsigned long long>(wr.length()), caps_.max_inline_data);
     }
     e.wr_id = w.wr_id;
-    e.posted = posted;
+    e.posted = 0;
     return stamp(e);
   }
   Result<void> modify_state(QpState to, Step step) noexcept {

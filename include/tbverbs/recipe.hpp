@@ -202,8 +202,15 @@ public:
   /// INIT → RTR toward `remote`: its QP number, PSN and GID as destination; the source GID
   /// index is the selection's index, the same entry `local_endpoint()` advertises. The path MTU
   /// is the smaller of both ends' (local_mtu() and the peer's advertised MTU). On InfiniBand
-  /// within one subnet the peer is addressed by its LID alone (`is_global` 0).
-  QpTransition rtr_transition(const Endpoint& remote) const noexcept {
+  /// within one subnet the peer is addressed by its LID alone (`is_global` 0). Errors:
+  /// `gid_index_invalid` at Step::select_gid when the selection's index is above 255, which
+  /// `ibv_global_route.sgid_index` (8 bits) cannot carry: no transition with a truncated index
+  /// is ever built (prepare() refuses the same selection).
+  [[nodiscard]] Result<QpTransition> rtr_transition(const Endpoint& remote) const noexcept {
+    if (!gid_index_fits_rtr()) [[unlikely]] {
+      Error e = gid_index_too_large();
+      return fail(e.on({}, gid_.port(), gid_.index()));
+    }
     QpTransition t;
     t.attr.qp_state = abi::IBV_QPS_RTR;
     // Mtu's values are ibv_mtu's (1 = 256 ... 5 = 4096): the smaller value is the smaller MTU.
@@ -214,8 +221,9 @@ public:
     if (uses_grh(remote)) {
       t.attr.ah_attr.is_global = 1;
       std::memcpy(t.attr.ah_attr.grh.dgid.raw, remote.gid.raw().data(), sizeof t.attr.ah_attr.grh.dgid.raw);
-      // ibv_global_route's sgid_index is 8 bits: prepare() refuses a selection above 255, so
-      // this never truncates (index 300 became 44, routing from another entry than advertised).
+      // ibv_global_route's sgid_index is 8 bits: checked above, so this never truncates (index
+      // 300 became 44, routing from another entry than advertised: issue 8 finding 2, issue 18
+      // finding 5).
       t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
       t.attr.ah_attr.grh.hop_limit = hop_limit_;
       t.attr.ah_attr.grh.traffic_class = transport_.traffic_class;
@@ -275,6 +283,17 @@ public:
 private:
   explicit QpRecipe(const GidSelection& gid) : gid_(gid) {}
 
+  // The RTR source GID index travels in 8 bits (ibv_global_route.sgid_index).
+  bool gid_index_fits_rtr() const noexcept { return gid_.index() >= 0 && gid_.index() <= 255; }
+  // Why a selection above 255 is refused (by prepare() and rtr_transition()).
+  Error gid_index_too_large() const noexcept {
+    Error e = Error::make(Step::select_gid, ErrorKind::gid_index_invalid);
+    e.detail.appendf("GID index %d: the verbs ABI carries the RTR source index in 8 bits "
+                     "(ibv_global_route.sgid_index), so it would route from index %d instead",
+                     gid_.index(), gid_.index() & 0xff);
+    return e;
+  }
+
   GidSelection gid_;
   QpType type_ = QpType::uc;
   Mtu mtu_ = Mtu::mtu1024;
@@ -292,6 +311,12 @@ private:
 /// A created queue pair that is not connected yet: it has an Endpoint to send to the peer, and
 /// no post functions (posting before the peer is known cannot compile). `connect` on an rvalue
 /// performs RTR and RTS and returns the connected QueuePair.
+///
+/// **Moved-from.** After a move, or once connect() has succeeded (it moves the QP into the
+/// QueuePair), connect() returns EBADF (diagnosis "handle-closed") without calling a verb, as a
+/// moved-from QueuePair's posts do, and native_handle() is null. endpoint(), capacities() and
+/// recipe() keep describing the QP that was prepared (a loopback connects the second QP to the
+/// first one's endpoint after the first connected).
 ///
 /// Example, from the README's tour (examples/tour/tour.cpp, which the test suite runs):
 /// \dontinclude tour/tour.cpp
@@ -314,8 +339,15 @@ public:
   /// layer and RoCE version where both ends say them: a RoCE v1 end and a v2 end connect but
   /// never carry traffic), re-reads the selected GID entry (a changed table is `gid_stale`, not a
   /// silent RTR failure), then INIT → RTR → RTS. Errors carry the device, port and GID index,
-  /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager).
+  /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager);
+  /// EBADF (no verb called) on a moved-from or already connected object.
   [[nodiscard]] Result<QueuePair> connect(const Endpoint& remote) && {
+    if (owned_.get() == nullptr || info_ == nullptr) [[unlikely]] {
+      // Moved from (connect() itself moves the QP out on success): everything below reads info_,
+      // which is null now (issue 18, finding 4: a SEGV on the documented retry-after-failure path).
+      Error e = Error::from_return(Step::modify_qp_rtr, EBADF);
+      return fail(e.with_detail(fact::closed_handle));
+    }
     const GidSelection& sel = recipe_.gid();
     auto peer_error = [&](const std::string& why) {
       Error e = Error::make(Step::check_endpoint, ErrorKind::incompatible_peer, why);
@@ -354,7 +386,12 @@ public:
       }
       return {};
     };
-    if (auto r = step(Step::modify_qp_rtr, recipe_.rtr_transition(remote)); !r) return fail(r.error());
+    auto rtr = recipe_.rtr_transition(remote); // refused only for an index prepare() refuses too
+    if (!rtr) {
+      Error e = rtr.error();
+      return fail(info_->stamp(e, sel.port(), sel.index()));
+    }
+    if (auto r = step(Step::modify_qp_rtr, *rtr); !r) return fail(r.error());
     if (auto r = step(Step::modify_qp_rts, recipe_.rts_transition(local_.psn)); !r) {
       // The QP is in RTR now: back to RESET and INIT, so this object can connect() again (a
       // failed RTR leaves it in INIT by itself).
@@ -419,11 +456,8 @@ inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, c
                           "use RC or UC, or build UD on native_handle() with Library::symbol");
     return fail(info->stamp(e, gid_.port(), gid_.index()));
   }
-  if (gid_.index() > 255) {
-    Error e = Error::make(Step::select_gid, ErrorKind::gid_index_invalid);
-    e.detail.appendf("GID index %d: the verbs ABI carries the RTR source index in 8 bits "
-                     "(ibv_global_route.sgid_index), so it would route from index %d instead",
-                     gid_.index(), gid_.index() & 0xff);
+  if (!gid_index_fits_rtr()) {
+    Error e = gid_index_too_large();
     return fail(info->stamp(e, gid_.port(), gid_.index()));
   }
   abi::ibv_qp_init_attr init = init_attributes();

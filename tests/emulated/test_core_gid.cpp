@@ -187,7 +187,7 @@ TEST_CASE("core/gid: the ::ffff: entry at index 2 and 7 is found, and RTR uses t
   // The recipe's RTR source index and its advertised GID are both that entry ...
   const auto recipe = tbverbs::QpRecipe::thunderbolt(sel_a);
   CHECK(recipe.local_endpoint(1, 1).gid == sel_a.gid());
-  CHECK(recipe.rtr_transition(recipe.local_endpoint(1, 1)).attr.ah_attr.grh.sgid_index == 2);
+  CHECK(ok(recipe.rtr_transition(recipe.local_endpoint(1, 1))).attr.ah_attr.grh.sgid_index == 2);
 
   // ... and the emulated driver accepts RTR on both sides and delivers data.
   Pair p = connect(sa, sb, [](const tbverbs::GidSelection& s) { return tbverbs::QpRecipe::thunderbolt(s); });

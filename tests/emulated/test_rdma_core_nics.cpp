@@ -149,15 +149,15 @@ TEST_CASE("RC path MTU is the smaller of both ends' active MTUs, and traffic flo
   CHECK(tbverbs::QpRecipe::rdma_core_rc(sa).local_endpoint(1, 1).mtu == tbverbs::Mtu::mtu4096);
   CHECK(tbverbs::QpRecipe::rdma_core_rc(sb).local_endpoint(1, 1).mtu == tbverbs::Mtu::mtu1024);
   tbverbs::Endpoint eb = tbverbs::QpRecipe::rdma_core_rc(sb).local_endpoint(1, 1);
-  CHECK(tbverbs::QpRecipe::rdma_core_rc(sa).rtr_transition(eb).attr.path_mtu == tbverbs::abi::IBV_MTU_1024);
+  CHECK(ok(tbverbs::QpRecipe::rdma_core_rc(sa).rtr_transition(eb)).attr.path_mtu == tbverbs::abi::IBV_MTU_1024);
   // The emulator refuses a path MTU above the port's active MTU (row 16): a fixed 4096 on b
   // would fail RTR, the negotiated one connects.
   RcPair p = connect_rc(a, sa, b, sb);
   CHECK(ok(one_message(p, a, b)) == 1);
   CHECK(b.mr.data()[4095] == std::byte{0x5a});
   auto too_big = ok(tbverbs::QpRecipe::rdma_core_rc(sb).prepare(b.pd, b.cq));
-  tbverbs::QpTransition rtr = tbverbs::QpRecipe::rdma_core_rc(sb).rtr_transition(
-      tbverbs::QpRecipe::rdma_core_rc(sa).local_endpoint(p.a.qp_num(), 1));
+  tbverbs::QpTransition rtr = ok(tbverbs::QpRecipe::rdma_core_rc(sb).rtr_transition(
+      tbverbs::QpRecipe::rdma_core_rc(sa).local_endpoint(p.a.qp_num(), 1)));
   rtr.attr.path_mtu = tbverbs::abi::IBV_MTU_4096;
   CHECK(a.ctx.info()->api->modify_qp(too_big.native_handle(), &rtr.attr, rtr.mask) == EINVAL);
 }
@@ -228,7 +228,7 @@ TEST_CASE("InfiniBand: the port GID, LID addressing within a subnet, a GRH acros
     CHECK(sa.type() == tbverbs::GidType::ib);
     const tbverbs::Endpoint eb = tbverbs::QpRecipe::rdma_core_rc(sb).local_endpoint(1, 1, sb.port_facts().lid);
     const bool same_subnet = std::string(prefix_b) == "fe80:0:0:0";
-    CHECK(tbverbs::QpRecipe::rdma_core_rc(sa).rtr_transition(eb).attr.ah_attr.is_global == (same_subnet ? 0 : 1));
+    CHECK(ok(tbverbs::QpRecipe::rdma_core_rc(sa).rtr_transition(eb)).attr.ah_attr.is_global == (same_subnet ? 0 : 1));
     RcPair p = connect_rc(a, sa, b, sb);
     CHECK(ok(one_message(p, a, b)) == 1);
   }

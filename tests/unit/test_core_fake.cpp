@@ -245,7 +245,9 @@ TEST_CASE("the RTR sgid_index and the advertised GID come from one selection", "
     auto recipe = QpRecipe::thunderbolt(*sel);
     Endpoint remote = recipe.local_endpoint(0x99, 0x1234);
     remote.gid = FakeVerbs::ipv4(169, 254, 10, 99);
-    const QpTransition rtr = recipe.rtr_transition(remote);
+    const auto built = recipe.rtr_transition(remote);
+    REQUIRE(built);
+    const QpTransition& rtr = *built;
     const Endpoint mine = recipe.local_endpoint(0x42, 7);
     CHECK(rtr.attr.ah_attr.grh.sgid_index == index);
     CHECK(mine.gid == table.at(rtr.attr.ah_attr.grh.sgid_index));
@@ -272,7 +274,7 @@ TEST_CASE("presets", "[recipe]") {
   const auto rts = rc.rts_transition(0x1ffffff);
   CHECK(rts.attr.rnr_retry == 7);
   CHECK(rts.attr.sq_psn == 0xffffff);
-  CHECK((rc.rtr_transition(rc.local_endpoint(1, 2)).mask & abi::IBV_QP_MIN_RNR_TIMER) != 0);
+  CHECK((rc.rtr_transition(rc.local_endpoint(1, 2))->mask & abi::IBV_QP_MIN_RNR_TIMER) != 0);
 }
 
 TEST_CASE("prepare and connect drive the driver with the selection's index", "[recipe]") {

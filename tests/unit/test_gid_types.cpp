@@ -205,14 +205,14 @@ TEST_CASE("the RC preset takes the port's active MTU and RTR the smaller of both
   CHECK(mine.link_layer == LinkLayer::ethernet);
   Endpoint peer = mine;
   peer.mtu = Mtu::mtu1024; // a peer on a 1500-byte Ethernet MTU
-  CHECK(rc.rtr_transition(peer).attr.path_mtu == abi::IBV_MTU_1024);
+  CHECK(rc.rtr_transition(peer)->attr.path_mtu == abi::IBV_MTU_1024);
   peer.mtu = Mtu::mtu4096;
-  CHECK(rc.rtr_transition(peer).attr.path_mtu == abi::IBV_MTU_4096);
+  CHECK(rc.rtr_transition(peer)->attr.path_mtu == abi::IBV_MTU_4096);
   // Row 16: a path MTU above the port's active MTU is refused at RTR: asking for more is capped.
   const auto capped = QpRecipe::rdma_core_rc(*mlx5_one_address().select()).mtu(Mtu::mtu4096);
   CHECK(capped.local_mtu() == Mtu::mtu1024);
   CHECK(capped.local_endpoint(1, 1).mtu == Mtu::mtu1024);
-  CHECK(capped.rtr_transition(peer).attr.path_mtu == abi::IBV_MTU_1024);
+  CHECK(capped.rtr_transition(peer)->attr.path_mtu == abi::IBV_MTU_1024);
   // A table without port facts (tests, tools) keeps the old fixed 1024.
   const auto plain = QpRecipe::rdma_core_rc(*GidTable::from_entries(1, {G("::ffff:10.0.0.1")}, Platform::rdma_core).select());
   CHECK(plain.path_mtu() == Mtu::mtu1024);
@@ -226,12 +226,12 @@ TEST_CASE("InfiniBand: LID addressing within a subnet, a GRH when the subnet pre
   Endpoint peer = rc.local_endpoint(0x22, 9, 6);
   peer.gid = G("fe80::bbbb");
   peer.lid = 6;
-  const QpTransition same = rc.rtr_transition(peer);
+  const QpTransition same = rc.rtr_transition(peer).value();
   CHECK(same.attr.ah_attr.is_global == 0);
   CHECK(same.attr.ah_attr.dlid == 6);
   CHECK(Gid(std::to_array(same.attr.ah_attr.grh.dgid.raw)).is_zero());
   peer.gid = G("fec0:0:0:1::bbbb"); // another subnet: routed through an IB router, GRH needed
-  const QpTransition routed = rc.rtr_transition(peer);
+  const QpTransition routed = rc.rtr_transition(peer).value();
   CHECK(routed.attr.ah_attr.is_global == 1);
   CHECK(routed.attr.ah_attr.dlid == 6);
   CHECK(Gid(std::to_array(routed.attr.ah_attr.grh.dgid.raw)) == peer.gid);
@@ -240,8 +240,8 @@ TEST_CASE("InfiniBand: LID addressing within a subnet, a GRH when the subnet pre
   const auto roce = QpRecipe::rdma_core_rc(*mlx5_one_address().select());
   Endpoint rpeer = roce.local_endpoint(0x33, 1);
   rpeer.gid = G("::ffff:10.0.0.2");
-  CHECK(roce.rtr_transition(rpeer).attr.ah_attr.is_global == 1);
-  CHECK(roce.rtr_transition(rpeer).attr.ah_attr.grh.sgid_index == 3);
+  CHECK(roce.rtr_transition(rpeer)->attr.ah_attr.is_global == 1);
+  CHECK(roce.rtr_transition(rpeer)->attr.ah_attr.grh.sgid_index == 3);
 }
 
 TEST_CASE("endpoint wire form carries the GID type and link layer; older frames read as unknown", "[endpoint]") {
