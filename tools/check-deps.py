@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does the one package list (tools/deps.txt) give a fresh Debian machine everything the build used?
+"""Does the one package list (tools/install-deps.sh) give a fresh Debian machine everything the build used?
 
   tools/check-deps.py build BUILD_DIR [--against install-deps|debian/control] [--packages-file F]
       Takes every system header and library a Ninja build of tbverbs used: the headers from
@@ -14,7 +14,7 @@
       --packages-file F: the packages listed in F, one a line (the self-test's lists).
   tools/check-deps.py lists [REPO]
       debian/control's Build-Depends and the apt-get line of docs/packaging.md name exactly the
-      `build` and `package` packages of tools/deps.txt (plus build-essential in the docs).
+      `build` and `package` packages of tools/install-deps.sh (plus build-essential in the docs).
 
 Exit status: 0 when nothing is missing, 1 when something is (each missing package is printed
 with a file of it that the build used and a translation unit that used it), 77 when it cannot
@@ -41,18 +41,14 @@ def repo_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def deps_txt(repo):
-    """[(package, role)] of tools/deps.txt."""
+def listed_packages(repo):
+    """[(package, role)] of the one list, tools/install-deps.sh's role arrays (--list ROLE)."""
     out = []
-    with open(os.path.join(repo, "tools", "deps.txt")) as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            fields = line.split()
-            if len(fields) < 2:
-                raise SystemExit(f"check-deps: tools/deps.txt: a line without a role: {line!r}")
-            out.append((fields[0], fields[1]))
+    for role in ("build", "package", "backports", "test"):
+        r = run([os.path.join(repo, "tools", "install-deps.sh"), "--list", role])
+        if r.returncode != 0:
+            raise SystemExit(f"check-deps: tools/install-deps.sh --list {role} failed: {r.stderr.strip()}")
+        out.extend((p, role) for p in r.stdout.split())
     return out
 
 
@@ -86,7 +82,7 @@ def docs_apt_line(md_path):
 
 
 def check_lists(repo):
-    entries = deps_txt(repo)
+    entries = listed_packages(repo)
     build = {p for p, r in entries if r == "build"}
     package = {p for p, r in entries if r == "package"}
     problems = []
@@ -94,9 +90,9 @@ def check_lists(repo):
     control = set(build_depends(os.path.join(repo, "debian", "control")))
     want = set(build) | ({"debhelper-compat"} if "debhelper" in package else set())
     for p in sorted(want - control):
-        problems.append(f"debian/control: Build-Depends lacks {p} (tools/deps.txt role build)")
+        problems.append(f"debian/control: Build-Depends lacks {p} (tools/install-deps.sh role build)")
     for p in sorted(control - want):
-        problems.append(f"debian/control: Build-Depends names {p}, which tools/deps.txt does not list as build")
+        problems.append(f"debian/control: Build-Depends names {p}, which tools/install-deps.sh does not list as build")
     apt = docs_apt_line(os.path.join(repo, "docs", "packaging.md"))
     if apt is None:
         problems.append("docs/packaging.md: no apt-get install line")
@@ -105,12 +101,12 @@ def check_lists(repo):
         for p in sorted(want - set(apt)):
             problems.append(f"docs/packaging.md: the apt-get line lacks {p}")
         for p in sorted(set(apt) - want):
-            problems.append(f"docs/packaging.md: the apt-get line names {p}, which tools/deps.txt does not list as build or package")
+            problems.append(f"docs/packaging.md: the apt-get line names {p}, which tools/install-deps.sh does not list as build or package")
     for p in problems:
         print(f"check-deps: {p}")
     if not problems:
         print(f"check-deps: debian/control and docs/packaging.md name the {len(build)} build and "
-              f"{len(package)} package packages of tools/deps.txt")
+              f"{len(package)} package packages of tools/install-deps.sh")
     return 1 if problems else 0
 
 
@@ -300,7 +296,7 @@ def check_build(build_dir, against, packages_file):
     for pkg, (path, unit) in sorted(bad.items()):
         print(f"check-deps: {pkg} is not installed by {source} (the build used {path}, from {unit})")
     for m in missing:
-        print(f"check-deps: {m}: add the package that has it to tools/deps.txt")
+        print(f"check-deps: {m}: add the package that has it to tools/install-deps.sh")
     if bad or missing:
         return 1
     pkgs = sorted(set(owners.values()))
