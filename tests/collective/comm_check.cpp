@@ -71,16 +71,6 @@ template <class T> constexpr const char* type_name() {
   else if constexpr (std::is_same_v<T, float16>) return "float16";
   else return "bfloat16";
 }
-const char* op_name(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::sum: return "sum";
-  case ReduceOp::prod: return "prod";
-  case ReduceOp::min: return "min";
-  case ReduceOp::max: return "max";
-  }
-  return "?";
-}
-
 // Rank r's element i for `op`: small integers, so every result is exact in every dtype (sums of
 // at most 8 ranks stay below 32, products below 2^8, both exact in bfloat16's 8-bit mantissa).
 double input(ReduceOp op, int r, std::size_t i) {
@@ -137,7 +127,7 @@ template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) 
   const int n = c.size(), me = c.rank();
   const std::string tag = std::string(type_name<T>()) + " x " + std::to_string(count);
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
-    const std::string where = tag + " " + op_name(op);
+    const std::string where = tag + " " + std::string(tbverbs::reduce_op_name(op));
     Buf<T> in(c, count), want(c, count);
     for (std::size_t i = 0; i < count; ++i) {
       in[i] = from_double<T>(input(op, me, i));

@@ -1,7 +1,7 @@
 // Regression tests of issue 18 (a code review of the core), one TEST_CASE per finding, named
 // "finding N (issue 18): ...". They run on the fake provider (fake_verbs.hpp) or on plain GID
 // tables; each failed before its fix.
-#include "fake_verbs.hpp"
+#include "fake_qp.hpp"
 
 #include <tbverbs/explain.hpp>
 
@@ -19,26 +19,8 @@ namespace {
 bool contains_text(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
 // A prepared RC QP on the fake's mlx5_0, with the given capacities asked for.
-struct Prepared {
-  Context ctx;
-  ProtectionDomain pd;
-  CompletionQueue cq;
-  PreparedQueuePair prep;
-};
-Prepared prepare_rc(FakeVerbs& f, QpCapacities caps = {16, 16, 2, 2, 64}) {
-  f.device_names = {"mlx5_0"};
-  auto ctx = Context::open(f.library(), "mlx5_0");
-  REQUIRE(ctx);
-  auto pd = ctx->alloc_pd();
-  REQUIRE(pd);
-  auto cq = ctx->create_cq(64, CqWait::poll);
-  REQUIRE(cq);
-  auto sel = ctx->gid_table(1)->first_ipv4_mapped();
-  REQUIRE(sel);
-  auto prep = QpRecipe::rdma_core_rc(*sel).capacities(caps).prepare(*pd, *cq);
-  REQUIRE(prep);
-  return Prepared{std::move(*ctx), std::move(*pd), std::move(*cq), std::move(*prep)};
-}
+using Prepared = fake::PreparedQp;
+Prepared prepare_rc(FakeVerbs& f, QpCapacities caps = {16, 16, 2, 2, 64}) { return fake::prepare_qp(f, true, caps); }
 
 } // namespace
 

@@ -1,6 +1,6 @@
 // Regression tests of issue 8 ("the core API a backend author needs"), one TEST_CASE per finding,
 // named "finding N: ...". They run on the fake provider (fake_verbs.hpp); each failed before its fix.
-#include "fake_verbs.hpp"
+#include "fake_qp.hpp"
 
 #include <tbverbs/data_path.hpp>
 
@@ -46,33 +46,9 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
-struct Conn {
-  Context ctx;
-  ProtectionDomain pd;
-  CompletionQueue cq;
-  QueuePair qp;
-};
-
+using Conn = fake::ConnectedQp;
 // A connected QP on the fake: Thunderbolt (rdma_en1, UC) or an rdma-core RC NIC (mlx5_0).
-Conn connect(FakeVerbs& f, bool rc, QpCapacities caps = {16, 16, 2, 2, 64}) {
-  if (rc) f.device_names = {"mlx5_0"};
-  auto ctx = Context::open(f.library(), rc ? "mlx5_0" : "rdma_en1");
-  REQUIRE(ctx);
-  auto pd = ctx->alloc_pd();
-  REQUIRE(pd);
-  auto cq = ctx->create_cq(64, CqWait::poll);
-  REQUIRE(cq);
-  auto sel = ctx->gid_table(1)->first_ipv4_mapped();
-  REQUIRE(sel);
-  auto recipe = rc ? QpRecipe::rdma_core_rc(*sel) : QpRecipe::thunderbolt(*sel);
-  recipe.capacities(caps);
-  auto prep = recipe.prepare(*pd, *cq);
-  REQUIRE(prep);
-  Endpoint self = prep->endpoint();
-  auto qp = std::move(*prep).connect(self);
-  if (!qp) FAIL(qp.error().message());
-  return Conn{std::move(*ctx), std::move(*pd), std::move(*cq), std::move(*qp)};
-}
+Conn connect(FakeVerbs& f, bool rc, QpCapacities caps = {16, 16, 2, 2, 64}) { return fake::connect_qp(f, rc, caps); }
 
 abi::ibv_wc wc_of(std::uint64_t wr_id, std::uint32_t qp, int status = abi::IBV_WC_SUCCESS) {
   abi::ibv_wc w = fake::completion(wr_id, status);
