@@ -53,7 +53,7 @@ public:
   }
 
   /// A backoff for a wait that ends at `deadline`.
-  explicit PollBackoff(clock::time_point deadline) noexcept : deadline_(deadline), since_(clock::now()) {}
+  explicit PollBackoff(clock::time_point deadline) noexcept : deadline_(deadline) {}
 
   /// Pauses after an empty poll. Returns false, without pausing, once the deadline has passed
   /// (the caller then polls one last time or reports its timeout); true after the pause.
@@ -62,7 +62,9 @@ public:
     if (polls_ < spin_polls + yield_polls) ++polls_; // stays in the sleep phase, never wraps
     if (n < spin_polls) {
       if ((n % clock_every) != clock_every - 1) return true;
-      return clock::now() < deadline_;
+      const auto now = clock::now();
+      if (n == clock_every - 1) since_ = now; // the wait's start, to within clock_every polls
+      return now < deadline_;
     }
     const auto now = clock::now();
     if (now >= deadline_) return false;
@@ -77,10 +79,7 @@ public:
   }
 
   /// Starts over at the spin phase (after a poll that found completions).
-  void reset() noexcept {
-    polls_ = 0;
-    since_ = clock::now();
-  }
+  void reset() noexcept { polls_ = 0; }
 
   /// The deadline this backoff honours.
   clock::time_point deadline() const noexcept { return deadline_; }
@@ -96,7 +95,9 @@ private:
   }
 
   clock::time_point deadline_;
-  clock::time_point since_; // the start of the wait, or of the last reset(): what next_sleep() divides
+  // The start of the wait, or of the last reset(): what next_sleep() divides. Read at the spin's
+  // first clock reading, so reset() after every fruitful poll costs no clock read.
+  clock::time_point since_;
   std::uint32_t polls_ = 0;
 };
 
