@@ -1,6 +1,8 @@
 // Fabric description (JSON) and the per-fabric shared state file.
 #include "emu.hpp"
 
+#include <tbverbs/collective/launcher.hpp>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -502,14 +504,41 @@ Fabric& env_fabric() {
   return load_fabric(p ? p : "");
 }
 
+// TBVERBS_EMU_HOST, with every "{rank}" replaced by the launcher's rank (the table of
+// tbverbs/collective/launcher.hpp: RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JACCL_RANK,
+// MLX_RANK), so torchrun, mpirun and srun start every rank of a job with one environment
+// ("host{rank}" is host0 on rank 0, host1 on rank 1, ...). Empty, with `error` set, when the name
+// holds {rank} and no launcher gives a rank.
+std::string env_host_name(std::string* error) {
+  const char* h = std::getenv("TBVERBS_EMU_HOST");
+  std::string name = h ? h : "";
+  static constexpr std::string_view placeholder = "{rank}";
+  if (name.find(placeholder) == std::string::npos) return name;
+  std::string problem;
+  const auto job = tbverbs::launcher_job(problem);
+  if (!job || !job->rank) {
+    if (error)
+      *error = "TBVERBS_EMU_HOST=\"" + name + "\" holds {rank}, but " +
+               (job ? std::string("no launcher gives a rank (set ") + tbverbs::launcher_rank_variables + ")" : problem);
+    return {};
+  }
+  const std::string rank = std::to_string(*job->rank);
+  for (std::size_t at = name.find(placeholder); at != std::string::npos; at = name.find(placeholder, at + rank.size()))
+    name.replace(at, placeholder.size(), rank);
+  return name;
+}
+
 int env_host(const Fabric& f, std::string* error) {
   const char* h = std::getenv("TBVERBS_EMU_HOST");
   if (!h || !*h) return 0;
-  int i = f.find_host(h);
+  const std::string name = env_host_name(error);
+  if (name.empty()) return -1;
+  int i = f.find_host(name);
   if (i < 0 && error) {
     std::string known;
     for (const auto& x : f.hosts) known += (known.empty() ? "" : ", ") + x.name;
-    *error = std::string("TBVERBS_EMU_HOST=\"") + h + "\" is not a host of the fabric (hosts: " + known + ")";
+    *error = "TBVERBS_EMU_HOST=\"" + std::string(h) + "\"" + (name == h ? "" : " (\"" + name + "\")") +
+             " is not a host of the fabric (hosts: " + known + ")";
   }
   return i;
 }
