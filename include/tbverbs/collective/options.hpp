@@ -66,6 +66,17 @@ struct CommunicatorOptions {
   /// Errors: `invalid_argument` at Step::configure naming what is missing or malformed (no rank,
   /// no coordinator, a size that disagrees with the device file, a setting that is not a value).
   [[nodiscard]] static Result<CommunicatorOptions> from_env();
+  /// Options for a job whose rank and size a framework gives, with its own rendezvous (the
+  /// torch.distributed backend: a Store): the device file and the TBVERBS_* settings from the
+  /// environment, as from_env() reads them; the launcher variables are not read and the
+  /// coordinator is left empty (the caller sets it, and usually job_token). Errors: as from_env(),
+  /// and a rank or size out of range.
+  [[nodiscard]] static Result<CommunicatorOptions> from_env(int rank, int size);
+
+private:
+  // The device file (JACCL_IBV_DEVICES, MLX_IBV_DEVICES; it gives the size when `size` is 0) and
+  // the TBVERBS_* settings, into `o`, whose rank is set.
+  static Result<void> read_environment(CommunicatorOptions& o);
 };
 
 namespace detail {
@@ -113,6 +124,34 @@ inline Result<CommunicatorOptions> CommunicatorOptions::from_env() {
       return bad("TBVERBS_RANKS=" + *v + " but " + job->size_variable + "=" + std::to_string(o.size));
     o.size = static_cast<int>(*n);
   }
+  if (auto r = read_environment(o); !r) return fail(r.error());
+  if (o.size == 0)
+    return bad("no job size: the launcher gave none (" + (job->launcher.empty() ? std::string("none") : job->launcher) +
+               "); set TBVERBS_RANKS or a device file (JACCL_IBV_DEVICES)");
+  if (o.rank >= o.size) return bad("rank " + std::to_string(o.rank) + " is outside the job's " + std::to_string(o.size) + " ranks");
+  return o;
+}
+
+inline Result<CommunicatorOptions> CommunicatorOptions::from_env(int rank, int size) {
+  if (size < 1 || size > 64 || rank < 0 || rank >= size)
+    return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
+                            "rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                                ": a job has 1 to 64 ranks, numbered from 0"));
+  CommunicatorOptions o;
+  o.rank = rank;
+  o.size = size;
+  if (auto r = read_environment(o); !r) return fail(r.error());
+  return o;
+}
+
+inline Result<void> CommunicatorOptions::read_environment(CommunicatorOptions& o) {
+  auto bad = [](std::string what) { return fail(Error::make(Step::configure, ErrorKind::invalid_argument, what)); };
+  auto env = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+  };
+  std::string problem;
   for (const char* var : {"JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"})
     if (auto v = env(var)) {
       o.device_file = *v;
@@ -125,10 +164,6 @@ inline Result<CommunicatorOptions> CommunicatorOptions::from_env() {
       o.size = cables->ranks;
       break;
     }
-  if (o.size == 0)
-    return bad("no job size: the launcher gave none (" + (job->launcher.empty() ? std::string("none") : job->launcher) +
-               "); set TBVERBS_RANKS or a device file (JACCL_IBV_DEVICES)");
-  if (o.rank >= o.size) return bad("rank " + std::to_string(o.rank) + " is outside the job's " + std::to_string(o.size) + " ranks");
   if (auto v = env("TBVERBS_MEMORY")) {
     if (*v == "auto") o.memory = collective::Memory::automatic;
     else if (*v == "registered") o.memory = collective::Memory::registered;
@@ -164,7 +199,7 @@ inline Result<CommunicatorOptions> CommunicatorOptions::from_env() {
     if (!t || *t < 1 || *t > 86400000) return bad("TBVERBS_TIMEOUT_MS=\"" + *v + "\": 1 to 86400000 ms");
     o.timeout = std::chrono::milliseconds(*t);
   }
-  return o;
+  return {};
 }
 
 TBVERBS_NAMESPACE_END

@@ -1,0 +1,282 @@
+// The "tbverbs" process group (process_group.hpp): argument checks in the caller's thread (a
+// wrong tensor is a Python exception at the call, and breaks nothing), the collectives on the
+// worker thread.
+#include "process_group.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+
+namespace tbverbs_torch {
+namespace {
+
+// The element type of a tensor the backend can move, or an error naming what it got.
+tbverbs::DType dtype_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+  case at::kFloat: return tbverbs::DType::f32;
+  case at::kDouble: return tbverbs::DType::f64;
+  case at::kInt: return tbverbs::DType::i32;
+  case at::kLong: return tbverbs::DType::i64;
+  case at::kHalf: return tbverbs::DType::f16;
+  case at::kBFloat16: return tbverbs::DType::bf16;
+  default: break;
+  }
+  TORCH_CHECK(false, "tbverbs: ", what, ": tensors of ", t.scalar_type(),
+              " are not supported (float32, float64, int32, int64, float16, bfloat16)");
+}
+
+// A tensor the backend can move: on the CPU, dense, contiguous.
+void check_tensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), "tbverbs: ", what, ": the tensor is on ", t.device(),
+              "; the tbverbs backend moves CPU tensors only (copy it with .cpu(), or use a backend for that device)");
+  TORCH_CHECK(t.layout() == at::kStrided, "tbverbs: ", what, ": sparse tensors are not supported");
+  TORCH_CHECK(t.is_contiguous(), "tbverbs: ", what, ": the tensor is not contiguous (call .contiguous() first)");
+  (void)dtype_of(t, what);
+}
+
+// The one tensor of a call (one device per process).
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
+  TORCH_CHECK(tensors.size() == 1, "tbverbs: ", what, " takes one tensor per process, got ", tensors.size());
+  check_tensor(tensors[0], what);
+  return tensors[0];
+}
+
+tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* what) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+  case c10d::ReduceOp::SUM: return tbverbs::ReduceOp::sum;
+  case c10d::ReduceOp::PRODUCT: return tbverbs::ReduceOp::prod;
+  case c10d::ReduceOp::MIN: return tbverbs::ReduceOp::min;
+  case c10d::ReduceOp::MAX: return tbverbs::ReduceOp::max;
+  default: break;
+  }
+  TORCH_CHECK(false, "tbverbs: ", what, ": only SUM, PRODUCT, MIN and MAX are supported (AVG, the bitwise ops and "
+              "PREMUL_SUM are not)");
+}
+
+std::span<std::byte> bytes_of(const at::Tensor& t) {
+  return {static_cast<std::byte*>(t.data_ptr()), static_cast<std::size_t>(t.numel()) * t.element_size()};
+}
+
+[[noreturn]] void throw_error(const tbverbs::Error& e) { TORCH_CHECK(false, "tbverbs: ", e.message()); }
+
+// The Store keys of the rendezvous (the Store torch gives is already prefixed per group).
+constexpr const char* kCoordinatorKey = "tbverbs/coordinator";
+
+std::string to_string(const std::vector<std::uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+} // namespace
+
+c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, std::chrono::milliseconds timeout) {
+  auto opts = tbverbs::CommunicatorOptions::from_env(rank, size);
+  if (!opts) throw_error(opts.error());
+  if (std::getenv("TBVERBS_TIMEOUT_MS") == nullptr && timeout.count() > 0) opts->timeout = timeout;
+  if (size > 1) {
+    // Rank 0 listens on a free port of every interface and publishes "host:port token": the host
+    // the others reach it by is torchrun's MASTER_ADDR (TBVERBS_COORDINATOR_HOST overrides it),
+    // else this machine's name. The token keeps two jobs on one machine apart.
+    if (rank == 0) {
+      std::string host;
+      for (const char* var : {"TBVERBS_COORDINATOR_HOST", "MASTER_ADDR"})
+        if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+          host = v;
+          break;
+        }
+      if (host.empty()) {
+        char name[256] = {};
+        if (::gethostname(name, sizeof name - 1) == 0) host = name;
+      }
+      TORCH_CHECK(!host.empty(), "tbverbs: cannot tell the other ranks where rank 0 is: set MASTER_ADDR");
+      std::random_device rd;
+      opts->job_token = (std::uint64_t{rd()} << 32 | rd()) | 1;
+      opts->coordinator = "*:0";
+      const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+      const std::string advertised = v6 ? "[" + host + "]" : host;
+      const std::uint64_t token = opts->job_token;
+      opts->on_listening = [store, advertised, token](std::uint16_t port) {
+        const std::string value = advertised + ":" + std::to_string(port) + " " + std::to_string(token);
+        store->set(kCoordinatorKey, std::vector<std::uint8_t>(value.begin(), value.end()));
+      };
+    } else {
+      const std::string value = to_string(store->get(kCoordinatorKey)); // waits for rank 0 (the store's timeout)
+      const auto space = value.rfind(' ');
+      TORCH_CHECK(space != std::string::npos, "tbverbs: malformed rendezvous record \"", value, "\" in the store");
+      opts->coordinator = value.substr(0, space);
+      opts->job_token = std::strtoull(value.c_str() + space + 1, nullptr, 10);
+    }
+  }
+  auto comm = tbverbs::Communicator::connect(*opts);
+  if (!comm) throw_error(comm.error());
+  return c10::make_intrusive<ProcessGroupTbverbs>(std::move(*comm), opts->timeout);
+}
+
+ProcessGroupTbverbs::ProcessGroupTbverbs(tbverbs::Communicator comm, std::chrono::milliseconds timeout)
+    : BackendBase(comm.rank(), comm.size()), comm_(std::move(comm)), timeout_(timeout) {
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+ProcessGroupTbverbs::~ProcessGroupTbverbs() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join(); // runs what is queued first: every Work completes
+  (void)comm_.close();
+}
+
+void ProcessGroupTbverbs::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::enqueue(c10d::OpType type, const char* what,
+                                                            std::vector<at::Tensor> outputs,
+                                                            std::function<tbverbs::Result<void>(tbverbs::Communicator&)> run) {
+  auto work = c10::make_intrusive<Work>(getRank(), type, what, std::move(outputs), timeout_);
+  auto task = [this, work, run = std::move(run)] {
+    std::exception_ptr error;
+    try {
+      if (auto r = run(comm_); !r) throw_error(r.error());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->complete(error);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allreduce(std::vector<at::Tensor>& tensors,
+                                                              const c10d::AllreduceOptions& opts) {
+  at::Tensor t = single(tensors, "all_reduce");
+  const auto op = reduce_op(opts.reduceOp, "all_reduce");
+  const auto dt = dtype_of(t, "all_reduce");
+  return enqueue(c10d::OpType::ALLREDUCE, "all_reduce", tensors, [t, op, dt](tbverbs::Communicator& c) {
+    return c.all_reduce(bytes_of(t), bytes_of(t), dt, op);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                    const c10d::AllgatherOptions&) {
+  check_tensor(input, "all_gather_into_tensor");
+  check_tensor(output, "all_gather_into_tensor");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "tbverbs: all_gather_into_tensor: the output is ",
+              output.scalar_type(), ", the input ", input.scalar_type());
+  TORCH_CHECK(output.numel() == input.numel() * getSize(), "tbverbs: all_gather_into_tensor: the output has ",
+              output.numel(), " elements, not world size x input = ", getSize(), " x ", input.numel());
+  const auto dt = dtype_of(input, "all_gather_into_tensor");
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
+                 [in = input, out = output, dt](tbverbs::Communicator& c) { return c.all_gather(bytes_of(in), bytes_of(out), dt); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                              std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
+  at::Tensor in = single(inputs, "all_gather");
+  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<std::size_t>(getSize()),
+              "tbverbs: all_gather takes one list of world size (", getSize(), ") output tensors");
+  for (const at::Tensor& o : outputs[0]) {
+    check_tensor(o, "all_gather");
+    TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                "tbverbs: all_gather: every output tensor must have the input's size and type");
+  }
+  const auto dt = dtype_of(in, "all_gather");
+  std::vector<at::Tensor> outs = outputs[0];
+  return enqueue(c10d::OpType::ALLGATHER, "all_gather", outs, [in, outs, dt](tbverbs::Communicator& c) -> tbverbs::Result<void> {
+    // Gathered into one block, then copied out: the layer gathers into contiguous memory.
+    at::Tensor all = at::empty({static_cast<std::int64_t>(outs.size()) * in.numel()}, in.options());
+    if (auto r = c.all_gather(bytes_of(in), bytes_of(all), dt); !r) return r;
+    for (std::size_t i = 0; i < outs.size(); ++i)
+      outs[i].view({-1}).copy_(all.narrow(0, static_cast<std::int64_t>(i) * in.numel(), in.numel()));
+    return {};
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                         const c10d::ReduceScatterOptions& opts) {
+  check_tensor(input, "reduce_scatter_tensor");
+  check_tensor(output, "reduce_scatter_tensor");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "tbverbs: reduce_scatter_tensor: the output is ",
+              output.scalar_type(), ", the input ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * getSize(), "tbverbs: reduce_scatter_tensor: the input has ",
+              input.numel(), " elements, not world size x output = ", getSize(), " x ", output.numel());
+  const auto op = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
+  const auto dt = dtype_of(input, "reduce_scatter_tensor");
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
+                 [in = input, out = output, dt, op](tbverbs::Communicator& c) {
+                   return c.reduce_scatter(bytes_of(in), bytes_of(out), dt, op);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<std::vector<at::Tensor>>& inputs,
+                                                                   const c10d::ReduceScatterOptions& opts) {
+  at::Tensor out = single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<std::size_t>(getSize()),
+              "tbverbs: reduce_scatter takes one list of world size (", getSize(), ") input tensors");
+  for (const at::Tensor& i : inputs[0]) {
+    check_tensor(i, "reduce_scatter");
+    TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
+                "tbverbs: reduce_scatter: every input tensor must have the output's size and type");
+  }
+  const auto op = reduce_op(opts.reduceOp, "reduce_scatter");
+  const auto dt = dtype_of(out, "reduce_scatter");
+  std::vector<at::Tensor> ins = inputs[0];
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [ins, out, dt, op](tbverbs::Communicator& c) {
+    // The inputs side by side, as the layer takes them.
+    at::Tensor all = at::empty({static_cast<std::int64_t>(ins.size()) * out.numel()}, out.options());
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      all.narrow(0, static_cast<std::int64_t>(i) * out.numel(), out.numel()).copy_(ins[i].view({-1}));
+    return c.reduce_scatter(bytes_of(all), bytes_of(out), dt, op);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Tensor>& tensors,
+                                                              const c10d::BroadcastOptions& opts) {
+  at::Tensor t = single(tensors, "broadcast");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "tbverbs: broadcast: root ", opts.rootRank,
+              " is not a rank of this group of ", getSize());
+  const int root = static_cast<int>(opts.rootRank);
+  const auto dt = dtype_of(t, "broadcast");
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors,
+                 [t, root, dt](tbverbs::Communicator& c) { return c.broadcast(bytes_of(t), dt, root); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::send(std::vector<at::Tensor>& tensors, int dst, int) {
+  at::Tensor t = single(tensors, "send");
+  TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "tbverbs: send: ", dst,
+              " is not another rank of this group of ", getSize());
+  const auto dt = dtype_of(t, "send");
+  return enqueue(c10d::OpType::SEND, "send", tensors,
+                 [t, dst, dt](tbverbs::Communicator& c) { return c.send(bytes_of(t), dt, dst); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::recv(std::vector<at::Tensor>& tensors, int src, int) {
+  at::Tensor t = single(tensors, "recv");
+  TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "tbverbs: recv: ", src,
+              " is not another rank of this group of ", getSize());
+  const auto dt = dtype_of(t, "recv");
+  return enqueue(c10d::OpType::RECV, "recv", tensors,
+                 [t, src, dt](tbverbs::Communicator& c) { return c.recv(bytes_of(t), dt, src); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::barrier(const c10d::BarrierOptions&) {
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [](tbverbs::Communicator& c) { return c.barrier(); });
+}
+
+} // namespace tbverbs_torch
