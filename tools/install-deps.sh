@@ -36,11 +36,13 @@ backports_packages=(
 #   with Clang 14; clang-19, libclang-rt-19-dev, libc++-19-dev and libc++abi-19-dev, C++23 with
 #   libc++ and the libFuzzer harnesses; valgrind, bench/overhead's instruction counts; doxygen
 #   and graphviz, the API reference; pkg-config, the pkg-config consumer test; iproute2, the
-#   network namespaces of the side-channel tests; gnuplot-nox, the benchmarks' plots.
+#   network namespaces of the side-channel tests; gnuplot-nox, the benchmarks' plots;
+#   python3-torch, libtorch-dev (PyTorch 1.13's C++ package and c10d headers; it brings python3-dev)
+#   and pybind11-dev, the torch.distributed backend (python/) and its torchrun tests.
 test_packages=(
   libibverbs1 ibverbs-utils perftest rdmacm-utils python3-pyverbs python3 clang libclang-rt-14-dev
   clang-19 libclang-rt-19-dev libc++-19-dev libc++abi-19-dev valgrind doxygen graphviz pkg-config
-  iproute2 gnuplot-nox
+  iproute2 gnuplot-nox python3-torch libtorch-dev pybind11-dev
 )
 
 # The packages of one role (build, package, test, backports), or of all.

@@ -1,0 +1,157 @@
+"""Every collective of the "tbverbs" torch.distributed backend, on every dtype, checked against
+this rank's own arithmetic. Run by torchrun on the emulated fabric (run_job.sh); each rank prints
+"rank R: ok: N checks" or raises.
+
+Values are small integers (products: powers of two), so that every sum, product, minimum and
+maximum is exact in float16 and bfloat16 too, whatever the order the ranks combine in.
+"""
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import tbverbs_torch  # noqa: F401  (registers "tbverbs")
+
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+# By name: ReduceOp values do not compare with == in torch 1.13.
+OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
+COUNTS = [int(c) for c in os.environ.get("CHECK_COUNTS", "1,7,4099").split(",")]
+
+
+def say(line):
+    """One write per line: the ranks share the launcher's stdout, and print() may split a line."""
+    os.write(1, (line + "\n").encode())
+
+
+def values(rank, count, dtype, salt=0, op=None):
+    """Rank `rank`'s input: 1..4, or 1..2 for products (powers of two stay exact)."""
+    idx = torch.arange(count, dtype=torch.int64)
+    span = 2 if op == "PRODUCT" else 4
+    return ((idx * 3 + rank + salt) % span + 1).to(dtype)
+
+
+def combined(world, count, dtype, op, salt=0):
+    """What every rank should hold after an all_reduce of values(r, ...) over the ranks."""
+    parts = [values(r, count, torch.float64, salt, op) for r in range(world)]
+    out = parts[0].clone()
+    for p in parts[1:]:
+        if op == "SUM":
+            out += p
+        elif op == "PRODUCT":
+            out *= p
+        elif op == "MIN":
+            out = torch.minimum(out, p)
+        else:
+            out = torch.maximum(out, p)
+    return out.to(dtype)
+
+
+def main():
+    timeout = datetime.timedelta(seconds=int(os.environ.get("CHECK_TIMEOUT_S", "60")))
+    dist.init_process_group("tbverbs", timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "tbverbs", dist.get_backend()
+    checks = 0
+
+    def expect(what, got, want):
+        nonlocal checks
+        if got.dtype != want.dtype or not torch.equal(got, want):
+            bad = (got != want).nonzero()
+            first = bad[0].item() if len(bad) else -1
+            raise AssertionError(
+                f"rank {rank}: {what}: {len(bad)} of {want.numel()} elements wrong, first at {first}: "
+                f"got {got.flatten()[first].item() if first >= 0 else got.dtype}, "
+                f"want {want.flatten()[first].item() if first >= 0 else want.dtype}")
+        checks += 1
+
+    for dtype in DTYPES:
+        for count in COUNTS:
+            tag = f"{dtype} x {count}"
+            for op in OPS:
+                t = values(rank, count, dtype, op=op)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                expect(f"all_reduce {op} {tag}", t, combined(world, count, dtype, op))
+            # async: the Work completes with the collective
+            t = values(rank, count, dtype, salt=1)
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            expect(f"all_reduce async {tag}", t, combined(world, count, dtype, "SUM", salt=1))
+
+            mine = values(rank, count, dtype, salt=2)
+            outs = [torch.full((count,), -1).to(dtype) for _ in range(world)]
+            dist.all_gather(outs, mine)
+            for r in range(world):
+                expect(f"all_gather [{r}] {tag}", outs[r], values(r, count, dtype, salt=2))
+            flat = torch.full((world * count,), -1).to(dtype)
+            dist.all_gather_into_tensor(flat, mine)
+            expect(f"all_gather_into_tensor {tag}", flat,
+                   torch.cat([values(r, count, dtype, salt=2) for r in range(world)]))
+
+            for op in ("SUM", "MAX"):
+                ins = [values(rank, count, dtype, salt=10 + b, op=op) for b in range(world)]
+                out = torch.full((count,), -1).to(dtype)
+                dist.reduce_scatter(out, ins, op=getattr(dist.ReduceOp, op))
+                expect(f"reduce_scatter {op} {tag}", out, combined(world, count, dtype, op, salt=10 + rank))
+                out = torch.full((count,), -1).to(dtype)
+                dist.reduce_scatter_tensor(out, torch.cat(ins), op=getattr(dist.ReduceOp, op))
+                expect(f"reduce_scatter_tensor {op} {tag}", out, combined(world, count, dtype, op, salt=10 + rank))
+
+            for root in sorted({0, world - 1}):
+                t = values(rank, count, dtype, salt=20) if rank == root else torch.full((count,), -1).to(dtype)
+                dist.broadcast(t, src=root)
+                expect(f"broadcast from {root} {tag}", t, values(root, count, dtype, salt=20))
+
+            # send/recv round the ring, even ranks sending first (a send may wait for its recv).
+            right, left = (rank + 1) % world, (rank - 1) % world
+            got = torch.full((count,), -1).to(dtype)
+            out = values(rank, count, dtype, salt=30)
+            if rank % 2 == 0:
+                dist.send(out, right)
+                dist.recv(got, left)
+            else:
+                dist.recv(got, left)
+                dist.send(out, right)
+            expect(f"send/recv from {left} {tag}", got, values(left, count, dtype, salt=30))
+            # isend/irecv between pairs (0, 1), (2, 3), ...
+            peer = rank ^ 1
+            if peer < world:
+                got = torch.full((count,), -1).to(dtype)
+                reqs = ([dist.isend(values(rank, count, dtype, salt=40), peer), dist.irecv(got, peer)]
+                        if rank < peer else
+                        [dist.irecv(got, peer), dist.isend(values(rank, count, dtype, salt=40), peer)])
+                for req in reqs:
+                    req.wait()
+                expect(f"isend/irecv from {peer} {tag}", got, values(peer, count, dtype, salt=40))
+        dist.barrier()
+
+    # What the backend refuses, with an exception naming tbverbs, and nothing broken after it.
+    def refused(what, call, needle):
+        nonlocal checks
+        try:
+            call()
+        except (RuntimeError, ValueError) as e:
+            if "tbverbs" not in str(e) or needle not in str(e):
+                raise AssertionError(f"rank {rank}: {what}: the error does not say why: {e}")
+            checks += 1
+            return
+        raise AssertionError(f"rank {rank}: {what} was accepted")
+
+    refused("a uint8 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint8)), "not supported")
+    refused("a non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4).t()), "not contiguous")
+    refused("the bitwise AND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND),
+            "only SUM, PRODUCT, MIN and MAX")
+    refused("a wrong output size",
+            lambda: dist.all_gather_into_tensor(torch.zeros(world * 4 + 1), torch.zeros(4)), "elements")
+    t = values(rank, 5, torch.float32)
+    dist.all_reduce(t)
+    expect("all_reduce after the refusals", t, combined(world, 5, torch.float32, "SUM"))
+
+    dist.barrier()
+    say(f"rank {rank}: ok: {checks} checks")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

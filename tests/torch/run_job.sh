@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs a torchrun job of the "tbverbs" backend on an emulated ring of N Macs, as a user would:
+# one environment for every rank (TBVERBS_EMU_HOST=host{rank}), the package from the build tree.
+#   run_job.sh <python3> <build>/python <libtbverbs_emu.so> <ring_all_sum> <tbverbs-emu> CASE N
+# CASE: collectives (check_collectives.py: every rank prints "rank R: ok"), ddp (check_ddp.py:
+# gradients equal Gloo's), kill (check_kill.py: a rank is SIGKILLed, every other one raises within
+# the timeout, nobody hangs). Asserts on the exit code and the lines the ranks print.
+set -u
+PY=$1; PKG=$2; EMU=$3; RING=$4; CLI=$5; CASE=$6; N=$7
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d /tmp/tbverbs-torch-test-XXXXXX)
+FABRIC=$WORK/fabric.json
+OUT=$WORK/out.txt
+cleanup() {
+  if [ -f "$FABRIC" ]; then
+    local state
+    state=$("$CLI" -f "$FABRIC" state-dir 2>/dev/null) && [ -n "$state" ] && rm -rf "$state"
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "---- output ----"; cat "$OUT"; echo "----------------"; echo "FAIL: $*"; exit 1; }
+
+"$RING" --local "$N" --write-fabric "$FABRIC" >/dev/null || { echo "FAIL: cannot write the fabric"; exit 1; }
+
+# torch 1.13's launcher under Python 3.11 cannot parse its own default --redirects/--tee of "0"
+# (Std.from_str returns None: an IntFlag change in 3.11) and fails before starting a worker; "2"
+# (stderr) parses, and with --tee 2 stderr still reaches this console. Newer torch needs nothing.
+launcher_flags=()
+if ! "$PY" -c 'import sys; from torch.distributed.elastic.multiprocessing.api import Std; sys.exit(Std.from_str("0") is None)' 2>/dev/null; then
+  launcher_flags+=(--redirects 2 --tee 2 --log_dir "$WORK/logs")
+fi
+# The launcher looks at its workers every `monitor` seconds (and only then sees them exit). In the
+# kill case that is longer than the survivors need to raise by themselves: it must not be the
+# launcher that stops them.
+monitor=1
+case "$CASE" in
+  collectives) script=check_collectives.py ;;
+  ddp) script=check_ddp.py ;;
+  kill) script=check_kill.py; monitor=10 ;;
+  *) echo "FAIL: unknown case $CASE"; exit 2 ;;
+esac
+
+# --standalone: a rendezvous on a free local port (tests run side by side).
+start=$SECONDS
+timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
+  TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 \
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" --monitor_interval "$monitor" "${launcher_flags[@]}" \
+  "$HERE/$script" >"$OUT" 2>&1
+RC=$?
+elapsed=$((SECONDS - start))
+[ $RC -ne 124 ] && [ $RC -ne 137 ] || fail "the job hung: killed after $elapsed s"
+
+case "$CASE" in
+  collectives | ddp)
+    [ $RC -eq 0 ] || fail "torchrun exited $RC"
+    for ((r = 0; r < N; r++)); do
+      grep -Eq "^rank $r: ok: " "$OUT" || fail "rank $r did not report ok"
+    done
+    grep -E "^rank [0-9]+: ok: " "$OUT"
+    ;;
+  kill)
+    victim=$((N - 2))
+    [ $RC -ne 0 ] || fail "torchrun exited 0 although rank $victim was killed"
+    grep -Eq "^rank $victim: killing myself" "$OUT" || fail "rank $victim did not get to kill itself"
+    for ((r = 0; r < N; r++)); do
+      [ $r -eq $victim ] && continue
+      line=$(grep -E "^rank $r: raised after " "$OUT") || fail "rank $r did not raise"
+      echo "$line" | grep -q "tbverbs" || fail "rank $r raised without tbverbs' message: $line"
+      echo "$line"
+    done
+    ;;
+esac
+echo "ok: $CASE on $N ranks in $elapsed s"
