@@ -22,9 +22,11 @@ class WireWriter {
 public:
   /// Appends `v` in `sizeof(T)` big-endian bytes.
   template <class T> WireWriter& put(T v) {
-    const std::size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    detail::put_be<T>(out_.data() + at, v);
+    // Encoded on the stack, then appended: growing the vector with resize() made GCC 12 at -O3
+    // warn of a memset out of bounds (a false -Warray-bounds, fatal under -Werror).
+    std::byte field[sizeof(T)];
+    detail::put_be<T>(field, v);
+    out_.insert(out_.end(), field, field + sizeof(T));
     return *this;
   }
   /// Appends raw bytes.

@@ -103,6 +103,7 @@ struct Directions {
   /// Direction message J of link i's j-th message, sent or received.
   std::size_t message(std::size_t i, std::size_t j) const noexcept {
     const int s = side_of(i);
+    if (s < 0) return j; // a mesh link carries its peer's messages alone, in order
     return j * k[s] + net.state(i).cable;
   }
   /// Messages link i sends (receives) of a direction of T messages.

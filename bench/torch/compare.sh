@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The torch.distributed backend against the collectives layer called from C++ and against Gloo, in
+# one sitting on one emulated ring (issue 23's target: the backend at least 0.9x the layer's
+# 64 MiB all_reduce bandwidth). Not part of the suite (about a minute of 2 busy cores).
+#   bench/torch/compare.sh BUILD_DIR [RANKS] [BYTES] [ITERS]
+# BUILD_DIR: a build with the emulator, examples, tests and the backend (an optimized one gives the
+# figures that mean something: cmake --preset release && cmake --build --preset release).
+set -eu
+build=$(cd "${1:?usage: compare.sh BUILD_DIR [RANKS] [BYTES] [ITERS]}" && pwd)
+ranks=${2:-4}; bytes=${3:-$((64 << 20))}; iters=${4:-10}
+here=$(cd "$(dirname "$0")" && pwd)
+py=$(sed -n 's/^TBVERBS_TORCH_PYTHON_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+[ -n "$py" ] || py=$(sed -n 's/^_tbverbs_path_python3:[A-Z]*=//p' "$build/CMakeCache.txt")
+[ -x "${py:-}" ] || py=/usr/bin/python3
+work=$(mktemp -d /tmp/tbverbs-torch-bench-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fabric=$work/fabric.json
+"$build/examples/ring_all_sum/ring_all_sum" --local "$ranks" --write-fabric "$fabric" >/dev/null
+emu=$build/emulator/lib/libtbverbs_emu.so
+
+echo "== the layer from C++ (tests/collective/comm_check --bench), $ranks ranks"
+"$build/tests/collective/tbverbs_comm_check" --local "$ranks" --bench "$bytes" --iters "$iters" 2>&1 |
+  grep -E "^(\[rank 0\] )?bench:" | sed 's/^\[rank 0\] //' | tee "$work/layer.txt"
+
+echo "== torch.distributed: tbverbs, then Gloo, $ranks ranks"
+flags=()
+"$py" -c 'import sys; from torch.distributed.elastic.multiprocessing.api import Std; sys.exit(Std.from_str("0") is None)' 2>/dev/null ||
+  flags=(--redirects 2 --tee 2 --log_dir "$work/logs")
+env PYTHONPATH="$build/python" TBVERBS_LIBRARY="$emu" TBVERBS_EMU_FABRIC="$fabric" TBVERBS_EMU_HOST='host{rank}' \
+  OMP_NUM_THREADS=1 BENCH_BYTES="$bytes" BENCH_ITERS="$iters" \
+  "$py" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --monitor_interval 1 "${flags[@]}" \
+  "$here/allreduce.py" 2>&1 | grep -E "^torch " | tee "$work/torch.txt"
+
+layer=$(sed -nE 's/.*busbw ([0-9.]+) GB\/s.*/\1/p' "$work/layer.txt")
+ours=$(sed -nE 's/^torch tbverbs: .*busbw ([0-9.]+) GB\/s.*/\1/p' "$work/torch.txt")
+gloo=$(sed -nE 's/^torch gloo: .*busbw ([0-9.]+) GB\/s.*/\1/p' "$work/torch.txt")
+awk -v l="$layer" -v o="$ours" -v g="$gloo" 'BEGIN {
+  printf "backend / layer from C++: %.2f (target >= 0.9)\nbackend / Gloo: %.2f\n", o / l, o / g }'
