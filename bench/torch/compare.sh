@@ -9,12 +9,13 @@ set -eu
 build=$(cd "${1:?usage: compare.sh BUILD_DIR [RANKS] [BYTES] [ITERS]}" && pwd)
 ranks=${2:-4}; bytes=${3:-$((64 << 20))}; iters=${4:-10}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../../tests/common/emulated_job.sh"
+# The Python the backend was built for (python/CMakeLists.txt caches it).
 py=$(sed -n 's/^TBVERBS_TORCH_PYTHON_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
-[ -n "$py" ] || py=$(sed -n 's/^_tbverbs_path_python3:[A-Z]*=//p' "$build/CMakeCache.txt")
-[ -x "${py:-}" ] || py=/usr/bin/python3
+[ -x "${py:-}" ] || { echo "compare.sh: $build has no torch backend (no Python with torch at configure)" >&2; exit 2; }
 work=$(mktemp -d /tmp/tbverbs-torch-bench-XXXXXX)
-trap 'rm -rf "$work"' EXIT
 fabric=$work/fabric.json
+trap 'remove_fabric_state "$build/emulator/bin/tbverbs-emu" "$fabric"; rm -rf "$work"' EXIT
 "$build/examples/ring_all_sum/ring_all_sum" --local "$ranks" --write-fabric "$fabric" >/dev/null
 emu=$build/emulator/lib/libtbverbs_emu.so
 
@@ -23,12 +24,10 @@ echo "== the layer from C++ (tests/collective/comm_check --bench), $ranks ranks"
   grep -E "^(\[rank 0\] )?bench:" | sed 's/^\[rank 0\] //' | tee "$work/layer.txt"
 
 echo "== torch.distributed: tbverbs, then Gloo, $ranks ranks"
-flags=()
-"$py" -c 'import sys; from torch.distributed.elastic.multiprocessing.api import Std; sys.exit(Std.from_str("0") is None)' 2>/dev/null ||
-  flags=(--redirects 2 --tee 2 --log_dir "$work/logs")
+torchrun_compat_flags "$py" "$work/logs"
 env PYTHONPATH="$build/python" TBVERBS_LIBRARY="$emu" TBVERBS_EMU_FABRIC="$fabric" TBVERBS_EMU_HOST='host{rank}' \
   OMP_NUM_THREADS=1 BENCH_BYTES="$bytes" BENCH_ITERS="$iters" \
-  "$py" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --monitor_interval 1 "${flags[@]}" \
+  "$py" -m torch.distributed.run --standalone --nproc_per_node "$ranks" --monitor_interval 1 "${TORCHRUN_FLAGS[@]}" \
   "$here/allreduce.py" 2>&1 | grep -E "^torch " | tee "$work/torch.txt"
 
 layer=$(sed -nE 's/.*busbw ([0-9.]+) GB\/s.*/\1/p' "$work/layer.txt")

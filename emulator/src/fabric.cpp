@@ -23,6 +23,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -504,14 +505,13 @@ Fabric& env_fabric() {
   return load_fabric(p ? p : "");
 }
 
-// TBVERBS_EMU_HOST, with every "{rank}" replaced by the launcher's rank (the table of
+namespace {
+// `name` (TBVERBS_EMU_HOST) with every "{rank}" replaced by the launcher's rank (the table of
 // tbverbs/collective/launcher.hpp: RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JACCL_RANK,
 // MLX_RANK), so torchrun, mpirun and srun start every rank of a job with one environment
-// ("host{rank}" is host0 on rank 0, host1 on rank 1, ...). Empty, with `error` set, when the name
+// ("host{rank}" is host0 on rank 0, host1 on rank 1, ...). nullopt, with `error` set, when the name
 // holds {rank} and no launcher gives a rank.
-std::string env_host_name(std::string* error) {
-  const char* h = std::getenv("TBVERBS_EMU_HOST");
-  std::string name = h ? h : "";
+std::optional<std::string> with_rank(std::string name, std::string* error) {
   static constexpr std::string_view placeholder = "{rank}";
   if (name.find(placeholder) == std::string::npos) return name;
   std::string problem;
@@ -520,24 +520,25 @@ std::string env_host_name(std::string* error) {
     if (error)
       *error = "TBVERBS_EMU_HOST=\"" + name + "\" holds {rank}, but " +
                (job ? std::string("no launcher gives a rank (set ") + tbverbs::launcher_rank_variables + ")" : problem);
-    return {};
+    return std::nullopt;
   }
   const std::string rank = std::to_string(*job->rank);
   for (std::size_t at = name.find(placeholder); at != std::string::npos; at = name.find(placeholder, at + rank.size()))
     name.replace(at, placeholder.size(), rank);
   return name;
 }
+}  // namespace
 
 int env_host(const Fabric& f, std::string* error) {
   const char* h = std::getenv("TBVERBS_EMU_HOST");
   if (!h || !*h) return 0;
-  const std::string name = env_host_name(error);
-  if (name.empty()) return -1;
-  int i = f.find_host(name);
+  const auto name = with_rank(h, error);
+  if (!name) return -1;
+  int i = f.find_host(*name);
   if (i < 0 && error) {
     std::string known;
     for (const auto& x : f.hosts) known += (known.empty() ? "" : ", ") + x.name;
-    *error = "TBVERBS_EMU_HOST=\"" + std::string(h) + "\"" + (name == h ? "" : " (\"" + name + "\")") +
+    *error = "TBVERBS_EMU_HOST=\"" + std::string(h) + "\"" + (*name == h ? "" : " (\"" + *name + "\")") +
              " is not a host of the fabric (hosts: " + known + ")";
   }
   return i;

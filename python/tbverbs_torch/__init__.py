@@ -22,9 +22,8 @@ __all__ = ["BACKEND_NAME", "create_process_group"]
 BACKEND_NAME = "tbverbs"
 
 
-def create_process_group(store, rank, world_size, timeout):
-    """The backend's constructor, as torch.distributed calls it (store, rank, size, timeout)."""
-    return _C.create_process_group(store, rank, world_size, timeout)
+#: The backend's constructor, as torch.distributed calls it: (store, rank, world_size, timeout).
+create_process_group = _C.create_process_group
 
 
 # Registered once per interpreter (a second import of the module is the same module object).

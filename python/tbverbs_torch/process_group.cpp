@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <random>
 
 namespace tbverbs_torch {
@@ -41,6 +42,32 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
   TORCH_CHECK(tensors.size() == 1, "tbverbs: ", what, " takes one tensor per process, got ", tensors.size());
   check_tensor(tensors[0], what);
   return tensors[0];
+}
+
+// `whole` holds `size` blocks of `block`'s type and size (all_gather's output, reduce_scatter's
+// input); `whole_name` says which, in elements, the unit a torch user counts in.
+void check_blocks(const at::Tensor& whole, const at::Tensor& block, std::int64_t size, const char* what,
+                  const char* whole_name) {
+  check_tensor(whole, what);
+  check_tensor(block, what);
+  TORCH_CHECK(whole.scalar_type() == block.scalar_type(), "tbverbs: ", what, ": the tensors are ", whole.scalar_type(),
+              " and ", block.scalar_type());
+  TORCH_CHECK(whole.numel() == block.numel() * size, "tbverbs: ", what, ": the ", whole_name, " has ", whole.numel(),
+              " elements, not world size x ", block.numel(), " = ", size, " x ", block.numel());
+}
+
+// One list of `size` tensors, each of `like`'s type and size (all_gather's outputs, reduce_scatter's
+// inputs).
+const std::vector<at::Tensor>& check_list(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
+                                          std::int64_t size, const char* what) {
+  TORCH_CHECK(lists.size() == 1 && static_cast<std::int64_t>(lists[0].size()) == size, "tbverbs: ", what,
+              " takes one list of world size (", size, ") tensors");
+  for (const at::Tensor& t : lists[0]) {
+    check_tensor(t, what);
+    TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(), "tbverbs: ", what,
+                ": every tensor of the list must have the other tensor's size and type");
+  }
+  return lists[0];
 }
 
 tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* what) {
@@ -180,12 +207,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allreduce(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::AllgatherOptions&) {
-  check_tensor(input, "all_gather_into_tensor");
-  check_tensor(output, "all_gather_into_tensor");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "tbverbs: all_gather_into_tensor: the output is ",
-              output.scalar_type(), ", the input ", input.scalar_type());
-  TORCH_CHECK(output.numel() == input.numel() * getSize(), "tbverbs: all_gather_into_tensor: the output has ",
-              output.numel(), " elements, not world size x input = ", getSize(), " x ", input.numel());
+  check_blocks(output, input, getSize(), "all_gather_into_tensor", "output");
   const auto dt = dtype_of(input, "all_gather_into_tensor");
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
                  [in = input, out = output, dt](tbverbs::Communicator& c) { return c.all_gather(bytes_of(in), bytes_of(out), dt); });
@@ -194,15 +216,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_allgather_base(at::Tensor& 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
   at::Tensor in = single(inputs, "all_gather");
-  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<std::size_t>(getSize()),
-              "tbverbs: all_gather takes one list of world size (", getSize(), ") output tensors");
-  for (const at::Tensor& o : outputs[0]) {
-    check_tensor(o, "all_gather");
-    TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
-                "tbverbs: all_gather: every output tensor must have the input's size and type");
-  }
+  std::vector<at::Tensor> outs = check_list(outputs, in, getSize(), "all_gather");
   const auto dt = dtype_of(in, "all_gather");
-  std::vector<at::Tensor> outs = outputs[0];
   return enqueue(c10d::OpType::ALLGATHER, "all_gather", outs, [in, outs, dt](tbverbs::Communicator& c) -> tbverbs::Result<void> {
     // Gathered into one block, then copied out: the layer gathers into contiguous memory.
     at::Tensor all = at::empty({static_cast<std::int64_t>(outs.size()) * in.numel()}, in.options());
@@ -215,12 +230,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allgather(std::vector<std::v
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                          const c10d::ReduceScatterOptions& opts) {
-  check_tensor(input, "reduce_scatter_tensor");
-  check_tensor(output, "reduce_scatter_tensor");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "tbverbs: reduce_scatter_tensor: the output is ",
-              output.scalar_type(), ", the input ", input.scalar_type());
-  TORCH_CHECK(input.numel() == output.numel() * getSize(), "tbverbs: reduce_scatter_tensor: the input has ",
-              input.numel(), " elements, not world size x output = ", getSize(), " x ", output.numel());
+  check_blocks(input, output, getSize(), "reduce_scatter_tensor", "input");
   const auto op = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
   const auto dt = dtype_of(input, "reduce_scatter_tensor");
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
@@ -233,16 +243,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<a
                                                                    std::vector<std::vector<at::Tensor>>& inputs,
                                                                    const c10d::ReduceScatterOptions& opts) {
   at::Tensor out = single(outputs, "reduce_scatter");
-  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<std::size_t>(getSize()),
-              "tbverbs: reduce_scatter takes one list of world size (", getSize(), ") input tensors");
-  for (const at::Tensor& i : inputs[0]) {
-    check_tensor(i, "reduce_scatter");
-    TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
-                "tbverbs: reduce_scatter: every input tensor must have the output's size and type");
-  }
+  std::vector<at::Tensor> ins = check_list(inputs, out, getSize(), "reduce_scatter");
   const auto op = reduce_op(opts.reduceOp, "reduce_scatter");
   const auto dt = dtype_of(out, "reduce_scatter");
-  std::vector<at::Tensor> ins = inputs[0];
   return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [ins, out, dt, op](tbverbs::Communicator& c) {
     // The inputs side by side, as the layer takes them.
     at::Tensor all = at::empty({static_cast<std::int64_t>(ins.size()) * out.numel()}, out.options());
@@ -255,9 +258,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<a
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "tbverbs: broadcast: root ", opts.rootRank,
-              " is not a rank of this group of ", getSize());
-  const int root = static_cast<int>(opts.rootRank);
+  // The layer refuses a root outside the group (invalid_argument, nothing sent); one beyond int
+  // reaches it as -1, not truncated into a rank.
+  const int root = opts.rootRank >= 0 && opts.rootRank <= std::numeric_limits<int>::max() ? static_cast<int>(opts.rootRank) : -1;
   const auto dt = dtype_of(t, "broadcast");
   return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors,
                  [t, root, dt](tbverbs::Communicator& c) { return c.broadcast(bytes_of(t), dt, root); });
@@ -265,8 +268,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::send(std::vector<at::Tensor>& tensors, int dst, int) {
   at::Tensor t = single(tensors, "send");
-  TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "tbverbs: send: ", dst,
-              " is not another rank of this group of ", getSize());
+  // A peer outside the group, or this rank, the layer refuses (invalid_argument, nothing sent).
   const auto dt = dtype_of(t, "send");
   return enqueue(c10d::OpType::SEND, "send", tensors,
                  [t, dst, dt](tbverbs::Communicator& c) { return c.send(bytes_of(t), dt, dst); });
@@ -274,8 +276,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::send(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::recv(std::vector<at::Tensor>& tensors, int src, int) {
   at::Tensor t = single(tensors, "recv");
-  TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "tbverbs: recv: ", src,
-              " is not another rank of this group of ", getSize());
+  // As send(): the layer checks the peer.
   const auto dt = dtype_of(t, "recv");
   return enqueue(c10d::OpType::RECV, "recv", tensors,
                  [t, src, dt](tbverbs::Communicator& c) { return c.recv(bytes_of(t), dt, src); });

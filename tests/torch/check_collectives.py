@@ -144,6 +144,7 @@ def main():
             "only SUM, PRODUCT, MIN and MAX")
     refused("a wrong output size",
             lambda: dist.all_gather_into_tensor(torch.zeros(world * 4 + 1), torch.zeros(4)), "elements")
+    refused("a send to this rank", lambda: dist.send(torch.ones(2), rank), "not another rank")
     t = values(rank, 5, torch.float32)
     dist.all_reduce(t)
     expect("all_reduce after the refusals", t, combined(world, 5, torch.float32, "SUM"))

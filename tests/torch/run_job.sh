@@ -11,11 +11,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d /tmp/tbverbs-torch-test-XXXXXX)
 FABRIC=$WORK/fabric.json
 OUT=$WORK/out.txt
+source "$HERE/../common/emulated_job.sh"
 cleanup() {
-  if [ -f "$FABRIC" ]; then
-    local state
-    state=$("$CLI" -f "$FABRIC" state-dir 2>/dev/null) && [ -n "$state" ] && rm -rf "$state"
-  fi
+  remove_fabric_state "$CLI" "$FABRIC"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -23,13 +21,7 @@ fail() { echo "---- output ----"; cat "$OUT"; echo "----------------"; echo "FAI
 
 "$RING" --local "$N" --write-fabric "$FABRIC" >/dev/null || { echo "FAIL: cannot write the fabric"; exit 1; }
 
-# torch 1.13's launcher under Python 3.11 cannot parse its own default --redirects/--tee of "0"
-# (Std.from_str returns None: an IntFlag change in 3.11) and fails before starting a worker; "2"
-# (stderr) parses, and with --tee 2 stderr still reaches this console. Newer torch needs nothing.
-launcher_flags=()
-if ! "$PY" -c 'import sys; from torch.distributed.elastic.multiprocessing.api import Std; sys.exit(Std.from_str("0") is None)' 2>/dev/null; then
-  launcher_flags+=(--redirects 2 --tee 2 --log_dir "$WORK/logs")
-fi
+torchrun_compat_flags "$PY" "$WORK/logs"
 # The launcher looks at its workers every `monitor` seconds (and only then sees them exit). In the
 # kill case that is longer than the survivors need to raise by themselves: it must not be the
 # launcher that stops them.
@@ -45,7 +37,7 @@ esac
 start=$SECONDS
 timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
   TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 \
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" --monitor_interval "$monitor" "${launcher_flags[@]}" \
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" --monitor_interval "$monitor" "${TORCHRUN_FLAGS[@]}" \
   "$HERE/$script" >"$OUT" 2>&1
 RC=$?
 elapsed=$((SECONDS - start))

@@ -7,13 +7,9 @@ set -u
 RING=$1; CLI=$2; CASE=$3; shift 3
 WORK=$(mktemp -d /tmp/tbverbs-ring-test-XXXXXX)
 FABRIC=$WORK/fabric.json
+source "$(dirname "$0")/../../common/emulated_job.sh"
 cleanup() {
-  # A fabric file of this test has its state in the emulator's default directory (keyed by the
-  # file's path, so a new one every run): remove it, or every run leaves one in /dev/shm.
-  if [ -f "$FABRIC" ]; then
-    local state
-    state=$("$CLI" -f "$FABRIC" state-dir 2>/dev/null) && [ -n "$state" ] && rm -rf "$state"
-  fi
+  remove_fabric_state "$CLI" "$FABRIC"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
