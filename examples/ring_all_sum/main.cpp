@@ -1,16 +1,20 @@
-// ring_all_sum: a verified ring all_sum over RDMA on tbverbs.
+// ring_all_sum: the collectives layer's verified benchmark (nccl-tests' conventions), over RDMA on
+// tbverbs. Every run is checked element by element against closed-form arithmetic; then timed.
 //
 // Over real hardware (Thunderbolt Macs, or rdma-core NICs), one process per host:
 //   JACCL_RANK=0 JACCL_COORDINATOR=10.0.0.1:5555 JACCL_IBV_DEVICES=devices.json ./ring_all_sum --size 64M
 // (MLX_RANK, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES work too, or --rank, --coordinator, --devices).
 // On the emulated fabric, N ranks on this machine:
-//   ./ring_all_sum --local 4 --size 64M
+//   ./ring_all_sum --local 4 --size 64M [--collective all_gather] [--op max]
+//
+// Everything that moves data is tbverbs::Communicator (tbverbs/collective.hpp); this file reads the
+// options, fills and checks the buffers, times the calls and prints the table. launcher.hpp is the
+// --local launcher (N ranks of this program on an emulated fabric).
 #include "../../tools/common/launcher_env.hpp"
 #include "device_file.hpp"
 #include "launcher.hpp"
-#include "algorithms.hpp"
 
-#include <tbverbs/topology.hpp>
+#include <tbverbs/collective.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -37,8 +41,9 @@ namespace {
 using ring::kMaxBytes;
 using ring::parse_rank;
 using ring::parse_size;
-
-using ring::DType;
+using tbverbs::DType;
+using tbverbs::ReduceOp;
+using tbverbs::collective::Collective;
 
 std::string human(std::size_t b) {
   char buf[32];
@@ -55,11 +60,25 @@ std::optional<std::string> env_of(std::initializer_list<const char*> names) {
   return std::nullopt;
 }
 
+const char* op_name(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::sum: return "sum";
+  case ReduceOp::prod: return "prod";
+  case ReduceOp::min: return "min";
+  case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
 // ---------------------------------------------------------------------------------------------
-// The closed-form input pattern: rank r's element i is  base[r][i % 61] + (r == 0 ? i % P : 0)
-// (plus a high component for int64 and float64, a fractional one for floats), every value and
-// every partial sum exactly representable, so the result is checked with ==, whatever the order
-// of the additions.
+// The closed-form inputs. Element i of rank r's vector (i counts over the whole vector: all_reduce's,
+// all_gather's output, reduce_scatter's input):
+//   sum, min, max:  base(r, i % 61) + (r == 0 ? i % P : 0)  (plus a high component for int64 and
+//                   float64, a fractional one for floats);
+//   prod:           +-1 everywhere except one rank per element, which holds +-2;
+// every value and every partial result is exactly representable in the type, so results are
+// checked with ==, whatever the order of the combination. The expected results come from tables
+// over i % 61 (and i % (n + 1) for prod), so a check costs a few loads per element.
 constexpr std::size_t kPeriod = 61;
 std::size_t index_period(DType t) {
   switch (t) {
@@ -70,117 +89,112 @@ std::size_t index_period(DType t) {
   }
 }
 
-template <class T> T value(DType t, int r, std::size_t i) {
+// base(r, k) with rank 0's index term left out, as a double (exact in every type).
+double base_value(DType t, int r, std::size_t k) {
   const bool narrow = t == DType::f16 || t == DType::bf16;  // |base| <= 3: sums of 64 ranks stay exact
-  const long long mix = static_cast<long long>((i % kPeriod) * 7 + static_cast<std::size_t>(r) * 13);
-  const long long base = narrow ? mix % 7 - 3 : mix % 61 - 30;
-  const long long idx = r == 0 ? static_cast<long long>(i % index_period(t)) : 0;
+  const long long mix = static_cast<long long>(k * 7 + static_cast<std::size_t>(r) * 13);
+  const double base = static_cast<double>(narrow ? mix % 7 - 3 : mix % 61 - 30);
   switch (t) {
-  case DType::f32: return static_cast<T>(static_cast<double>(base + idx) + 0.25 * r);
-  case DType::f64: return static_cast<T>(static_cast<double>(base + idx) + 0.5 * (r + 1) + (r + 1) * 1073741824.0);
-  case DType::i32: return static_cast<T>(base + idx);
-  case DType::i64: return static_cast<T>(base + idx + (static_cast<long long>(r + 1) << 33));
-  case DType::f16:
-  case DType::bf16: return static_cast<T>(base + idx);  // plain small integers (the float value)
-  }
-  return T{};
-}
-
-template <class T> void fill_typed(DType t, int r, T* p, std::size_t count) {
-  T tab[kPeriod];
-  for (std::size_t k = 0; k < kPeriod; ++k) tab[k] = value<T>(t, r, k) - (r == 0 ? static_cast<T>(k % index_period(t)) : T{});
-  const std::size_t P = index_period(t);
-  std::size_t k = 0, q = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    p[i] = tab[k] + (r == 0 ? static_cast<T>(q) : T{});
-    if (++k == kPeriod) k = 0;
-    if (++q == P) q = 0;
+  case DType::f32: return base + 0.25 * r;
+  case DType::f64: return base + 0.5 * (r + 1) + (r + 1) * 1073741824.0;
+  case DType::i64: return base + static_cast<double>(static_cast<long long>(r + 1) << 33);
+  default: return base;
   }
 }
+// prod's sign of rank r at k = i % 61.
+double prod_sign(int r, std::size_t k) { return (k * 7 + static_cast<std::size_t>(r) * 13) % 61 % 3 == 0 ? -1.0 : 1.0; }
 
-// Returns the number of mismatches; prints the first few.
-template <class T> std::size_t check_typed(DType t, int rank, int n, const T* p, std::size_t count) {
-  T tab[kPeriod];
-  for (std::size_t k = 0; k < kPeriod; ++k) {
-    T s{};
-    for (int r = 0; r < n; ++r) s += value<T>(t, r, k) - (r == 0 ? static_cast<T>(k % index_period(t)) : T{});
-    tab[k] = s;
-  }
-  const std::size_t P = index_period(t);
-  std::size_t bad = 0, k = 0, q = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const T want = tab[k] + static_cast<T>(q);
-    if (p[i] != want) {
-      if (bad < 5)
-        std::printf("rank %d: MISMATCH at element %zu: got %.17g, expected %.17g\n", rank, i,
-                    static_cast<double>(p[i]), static_cast<double>(want));
-      ++bad;
+// The element pattern of a job: fills a rank's vector and checks a result, over any range of
+// element indices.
+struct Pattern {
+  DType type;
+  ReduceOp op;
+  int n;
+  std::size_t period;              // P, the index term's period
+  std::vector<double> rank_base;   // n x 61: base_value (sum, min, max) or prod_sign (prod)
+  std::vector<double> combined;    // 61: the ranks 1..n-1 combined (sum/min/max), all n signs (prod)
+
+  Pattern(DType t, ReduceOp o, int ranks) : type(t), op(o), n(ranks), period(index_period(t)) {
+    rank_base.resize(static_cast<std::size_t>(n) * kPeriod);
+    combined.resize(kPeriod);
+    for (std::size_t k = 0; k < kPeriod; ++k) {
+      double c = op == ReduceOp::prod ? 1.0 : 0.0;
+      for (int r = 0; r < n; ++r) {
+        const double v = op == ReduceOp::prod ? prod_sign(r, k) : base_value(t, r, k);
+        rank_base[static_cast<std::size_t>(r) * kPeriod + k] = v;
+        if (op == ReduceOp::prod) c *= v;
+        else if (r == 1) c = v;
+        else if (r > 1) c = op == ReduceOp::sum ? c + v : op == ReduceOp::min ? std::min(c, v) : std::max(c, v);
+      }
+      combined[k] = c;
     }
-    if (++k == kPeriod) k = 0;
-    if (++q == P) q = 0;
   }
-  return bad;
-}
-
-// 16-bit floats: the values are computed in float (exact small integers) and stored rounded.
-void fill16(DType t, int r, std::uint16_t* p, std::size_t count) {
-  std::uint16_t tab[kPeriod];
-  const std::size_t P = index_period(t);
-  auto conv = [t](float f) { return t == DType::f16 ? ring::float_to_f16(f) : ring::float_to_bf16(f); };
-  if (r != 0) {
-    for (std::size_t k = 0; k < kPeriod; ++k) tab[k] = conv(value<float>(t, r, k));
-    for (std::size_t i = 0, k = 0; i < count; ++i, k = k + 1 == kPeriod ? 0 : k + 1) p[i] = tab[k];
-    return;
+  // Rank r's element i.
+  double input(int r, std::size_t i) const {
+    const double b = rank_base[static_cast<std::size_t>(r) * kPeriod + i % kPeriod];
+    if (op == ReduceOp::prod) return i % static_cast<std::size_t>(n + 1) == static_cast<std::size_t>(r) ? 2 * b : b;
+    return r == 0 ? b + static_cast<double>(i % period) : b;
   }
-  std::size_t k = 0, q = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    p[i] = conv(value<float>(t, 0, k) - static_cast<float>(k % P) + static_cast<float>(q));
-    if (++k == kPeriod) k = 0;
-    if (++q == P) q = 0;
-  }
-}
-std::size_t check16(DType t, int rank, int n, const std::uint16_t* p, std::size_t count) {
-  const std::size_t P = index_period(t);
-  float tab[kPeriod];
-  for (std::size_t k = 0; k < kPeriod; ++k) {
-    float s = 0;
-    for (int r = 0; r < n; ++r) s += value<float>(t, r, k) - (r == 0 ? static_cast<float>(k % P) : 0.0f);
-    tab[k] = s;
-  }
-  std::size_t bad = 0, k = 0, q = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const float want = tab[k] + static_cast<float>(q);
-    const float got = t == DType::f16 ? ring::f16_to_float(p[i]) : ring::bf16_to_float(p[i]);
-    if (got != want) {
-      if (bad < 5) std::printf("rank %d: MISMATCH at element %zu: got %.9g, expected %.9g\n", rank, i, got, want);
-      ++bad;
+  // Element i combined over every rank.
+  double result(std::size_t i) const {
+    const std::size_t k = i % kPeriod;
+    if (op == ReduceOp::prod) return i % static_cast<std::size_t>(n + 1) < static_cast<std::size_t>(n) ? 2 * combined[k] : combined[k];
+    const double r0 = rank_base[k] + static_cast<double>(i % period);
+    if (n == 1) return r0;
+    switch (op) {
+    case ReduceOp::sum: return r0 + combined[k];
+    case ReduceOp::min: return std::min(r0, combined[k]);
+    default: return std::max(r0, combined[k]);
     }
-    if (++k == kPeriod) k = 0;
-    if (++q == P) q = 0;
   }
-  return bad;
+};
+
+template <class T> T to_element(double v) {
+  if constexpr (std::is_same_v<T, tbverbs::float16> || std::is_same_v<T, tbverbs::bfloat16>) return T::from_float(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+template <class T> double from_element(T v) {
+  if constexpr (std::is_same_v<T, tbverbs::float16> || std::is_same_v<T, tbverbs::bfloat16>) return v.to_float();
+  else return static_cast<double>(v);
 }
 
-void fill(DType t, int r, void* p, std::size_t count) {
+// Calls f.template operator()<T>() with the C++ type of `t`.
+template <class F> decltype(auto) with_type(DType t, F&& f) {
   switch (t) {
-  case DType::f16:
-  case DType::bf16: fill16(t, r, static_cast<std::uint16_t*>(p), count); break;
-  case DType::f32: fill_typed(t, r, static_cast<float*>(p), count); break;
-  case DType::f64: fill_typed(t, r, static_cast<double*>(p), count); break;
-  case DType::i32: fill_typed(t, r, static_cast<std::int32_t*>(p), count); break;
-  case DType::i64: fill_typed(t, r, static_cast<std::int64_t*>(p), count); break;
+  case DType::f32: return f.template operator()<float>();
+  case DType::f64: return f.template operator()<double>();
+  case DType::i32: return f.template operator()<std::int32_t>();
+  case DType::i64: return f.template operator()<std::int64_t>();
+  case DType::f16: return f.template operator()<tbverbs::float16>();
+  case DType::bf16: return f.template operator()<tbverbs::bfloat16>();
   }
+  return f.template operator()<float>();
 }
-std::size_t check(DType t, int rank, int n, const void* p, std::size_t count) {
-  switch (t) {
-  case DType::f16:
-  case DType::bf16: return check16(t, rank, n, static_cast<const std::uint16_t*>(p), count);
-  case DType::f32: return check_typed(t, rank, n, static_cast<const float*>(p), count);
-  case DType::f64: return check_typed(t, rank, n, static_cast<const double*>(p), count);
-  case DType::i32: return check_typed(t, rank, n, static_cast<const std::int32_t*>(p), count);
-  case DType::i64: return check_typed(t, rank, n, static_cast<const std::int64_t*>(p), count);
-  }
-  return count;
+
+// dst[j] = rank r's element first + j, for j < count.
+void fill(const Pattern& p, int r, std::size_t first, std::byte* dst, std::size_t count) {
+  with_type(p.type, [&]<class T>() {
+    T* d = reinterpret_cast<T*>(dst);
+    for (std::size_t j = 0; j < count; ++j) d[j] = to_element<T>(p.input(r, first + j));
+  });
+}
+// Mismatches of got[j] against want(first + j); prints the first few.
+template <class Want>
+std::size_t check(const Pattern& p, int rank, std::size_t first, const std::byte* got, std::size_t count, Want want) {
+  return with_type(p.type, [&]<class T>() -> std::size_t {
+    const T* g = reinterpret_cast<const T*>(got);
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      const T w = to_element<T>(want(first + j));
+      if (!(g[j] == w)) {
+        if (bad < 5)
+          std::printf("rank %d: MISMATCH at element %zu: got %.17g, expected %.17g\n", rank, first + j,
+                      from_element(g[j]), from_element(w));
+        ++bad;
+      }
+    }
+    return bad;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -190,6 +204,8 @@ struct Options {
   int rank = -1;
   std::string coordinator, devices, library, emu_library = TBVERBS_RING_EMU_LIBRARY;
   std::string size = "64M", max_size, dtype = "float32", place = "both";
+  std::string collective = "all_reduce", op = "sum";
+  int root = 0;
   std::vector<std::size_t> counts;
   int factor = 2;
   int iters = 0, warmup = 1;
@@ -207,18 +223,31 @@ struct Options {
   int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
 };
 
-int fail_rank(int rank, const std::string& where, const tbverbs::Error& e, tbverbs::SideChannel* sc) {
-  // Before the rank is known the line names the program, not "rank -1" (issue 13).
+int fail_rank(int rank, const std::string& where, const tbverbs::Error& e) {
+  // Before the rank is known the line names the program, not "rank -1" (issue 13). The
+  // communicator has told the other ranks already (they fail with "rank N aborted: ...").
   if (rank < 0) std::fprintf(stderr, "ring_all_sum: FAILED during %s: %s\n", where.c_str(), e.message().c_str());
   else std::fprintf(stderr, "rank %d: FAILED during %s: %s\n", rank, where.c_str(), e.message().c_str());
   std::fflush(stderr);
-  if (sc != nullptr && sc->valid()) sc->abort(e);  // the other ranks learn who failed, and why
   return 2;
+}
+
+// What each collective's table row means, in nccl-tests' conventions: `size` is the whole vector
+// (all_reduce's and broadcast's buffer, all_gather's output, reduce_scatter's input), a rank's own
+// block is size / n; busbw = algbw x the factor below, the bytes a rank's busiest link moves per
+// byte of size.
+double busbw_factor(Collective c, int n) {
+  switch (c) {
+  case Collective::all_reduce: return 2.0 * (n - 1) / n;
+  case Collective::all_gather:
+  case Collective::reduce_scatter: return static_cast<double>(n - 1) / n;
+  default: return 1.0;
+  }
 }
 
 int run_rank(const Options& o) {
   // Who am I, where is the coordinator, how many ranks, which devices: flags first, then the
-  // launchers' variables (tools/common/launcher_env.hpp: mlx.launch, torchrun, Open MPI, PMI, Slurm).
+  // launchers' variables (tbverbs/collective/launcher.hpp: mlx.launch, torchrun, Open MPI, PMI, Slurm).
   std::string launcher_problem;
   const auto job = cli::launcher_job(launcher_problem);
   if (!job) {
@@ -240,11 +269,16 @@ int run_rank(const Options& o) {
   if (coordinator.empty())
     return config_error(std::string("no coordinator: pass --coordinator host:port or set ") + cli::kCoordinatorVariables +
                         (job->launcher.empty() ? std::string() : " (" + job->launcher + " gave the rank, not the coordinator)"));
-  // No device file (or --no-device-file): the cables are discovered from the ports' subnets once
-  // the side channel is up (tbverbs/topology.hpp); the number of ranks then comes from --ranks.
+
+  tbverbs::CommunicatorOptions co;
+  co.rank = rank;
+  co.coordinator = coordinator;
+  co.library = o.library;
+  // No device file (or --no-device-file): the communicator discovers the cables from the ports'
+  // subnets once the side channel is up (tbverbs/topology.hpp); the number of ranks then comes
+  // from --ranks.
   const bool discover = o.no_device_file || devices_path.empty();
   int n = 0;
-  ring::Config cfg;
   if (discover) {
     n = o.ranks;
     if (n <= 0)
@@ -256,53 +290,76 @@ int run_rank(const Options& o) {
                           "discovered; or pass --devices FILE (JACCL_IBV_DEVICES)");
     if (rank >= n) return config_error("rank " + std::to_string(rank) + " is outside the job's " + std::to_string(n) + " ranks");
   } else {
-
-  // The device file (device_file.hpp: JACCL's matrix or mlx.distributed_config's hostfile).
-  std::string text;
-  {
-    std::ifstream f(devices_path);
-    if (!f) return config_error("cannot read the device file " + devices_path);
-    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    // The device file (JACCL's matrix or mlx.distributed_config's hostfile), read here so that its
+    // problems are configuration errors; the communicator gets the cables it lists.
+    std::string text;
+    {
+      std::ifstream f(devices_path);
+      if (!f) return config_error("cannot read the device file " + devices_path);
+      text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    std::string problem;
+    auto cables = ring::parse_device_file(text, rank, problem);
+    if (!cables) return config_error(devices_path + ": " + problem);
+    n = cables->ranks;
+    if (o.rank < 0 && job->size && *job->size != n)
+      return config_error(job->size_variable + "=" + std::to_string(*job->size) + " (" + job->launcher + ") but " +
+                          devices_path + " lists " + std::to_string(n) + " ranks");
+    tbverbs::collective::Cabling c;
+    c.left = cables->left;
+    c.right = cables->right;
+    c.mesh = cables->others;
+    co.cabling = std::move(c);
   }
-  std::string problem;
-  auto cables = ring::parse_device_file(text, rank, problem);
-  if (!cables) return config_error(devices_path + ": " + problem);
-  n = cables->ranks;
-  if (o.rank < 0 && job->size && *job->size != n)
-    return config_error(job->size_variable + "=" + std::to_string(*job->size) + " (" + job->launcher + ") but " +
-                        devices_path + " lists " + std::to_string(n) + " ranks");
-  cfg.rank = rank;
-  cfg.size = n;
-  cfg.left_devices = cables->left;
-  cfg.right_devices = cables->right;
-  cfg.mesh_devices = cables->others;
-  }
-  cfg.rank = rank;
-  cfg.size = n;
+  co.size = n;
   auto msg = parse_size(o.message);
-  if (!msg || *msg < 4096 || *msg % 4096 != 0)
-    return config_error("--message-bytes must be a whole number of 4 KiB frames");
-  cfg.message_bytes = *msg;
-  cfg.window = std::max(1, o.window);
-  if (o.memory == "auto") cfg.memory = ring::Memory::automatic;
-  else if (o.memory == "registered") cfg.memory = ring::Memory::registered;
-  else if (o.memory == "staged") cfg.memory = ring::Memory::staged;
+  if (!msg || *msg < 4096 || *msg % 4096 != 0 || *msg > (std::size_t{16} << 20))
+    return config_error("--message-bytes must be a whole number of 4 KiB frames, at most 16M");
+  co.message_bytes = *msg;
+  co.window = std::max(1, o.window);
+  using tbverbs::collective::Algorithm;
+  using tbverbs::collective::Memory;
+  using tbverbs::collective::Transport;
+  if (o.memory == "auto") co.memory = Memory::automatic;
+  else if (o.memory == "registered") co.memory = Memory::registered;
+  else if (o.memory == "staged") co.memory = Memory::staged;
   else return config_error("--memory must be auto, registered or staged");
-  if (o.transport == "auto") cfg.transport = ring::Transport::automatic;
-  else if (o.transport == "send") cfg.transport = ring::Transport::send;
-  else if (o.transport == "write") cfg.transport = ring::Transport::write;
+  if (o.transport == "auto") co.transport = Transport::automatic;
+  else if (o.transport == "send") co.transport = Transport::send;
+  else if (o.transport == "write") co.transport = Transport::write;
   else return config_error("--transport must be auto, send or write");
-  if (o.algorithm == "auto") cfg.algorithm = ring::Algorithm::automatic;
-  else if (o.algorithm == "ring") cfg.algorithm = ring::Algorithm::ring;
-  else if (o.algorithm == "latency") cfg.algorithm = ring::Algorithm::latency;
-  else if (o.algorithm == "mesh") cfg.algorithm = ring::Algorithm::mesh;
+  if (o.algorithm == "auto") co.algorithm = Algorithm::automatic;
+  else if (o.algorithm == "ring") co.algorithm = Algorithm::ring;
+  else if (o.algorithm == "latency") co.algorithm = Algorithm::latency;
+  else if (o.algorithm == "mesh") co.algorithm = Algorithm::mesh;
   else return config_error("--algorithm must be auto, ring, latency or mesh");
-  cfg.timeout = std::chrono::milliseconds(o.timeout_ms);
-  cfg.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
-  cfg.log = [&, rank](const std::string& s) {
+  Collective kind = Collective::all_reduce;
+  if (o.collective == "all_reduce") kind = Collective::all_reduce;
+  else if (o.collective == "all_gather") kind = Collective::all_gather;
+  else if (o.collective == "reduce_scatter") kind = Collective::reduce_scatter;
+  else if (o.collective == "broadcast") kind = Collective::broadcast;
+  else return config_error("--collective must be all_reduce, all_gather, reduce_scatter or broadcast");
+  ReduceOp op = ReduceOp::sum;
+  if (o.op == "sum") op = ReduceOp::sum;
+  else if (o.op == "prod") op = ReduceOp::prod;
+  else if (o.op == "min") op = ReduceOp::min;
+  else if (o.op == "max") op = ReduceOp::max;
+  else return config_error("--op must be sum, prod, min or max");
+  const bool reduces = kind == Collective::all_reduce || kind == Collective::reduce_scatter;
+  if (!reduces && op != ReduceOp::sum) return config_error("--op applies to all_reduce and reduce_scatter");
+  if (o.root < 0 || o.root >= n) return config_error("--root " + std::to_string(o.root) + " is not a rank of 0.." + std::to_string(n - 1));
+  co.timeout = std::chrono::milliseconds(o.timeout_ms);
+  co.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
+  // The job token: from the launcher's job id when there is one (--local passes a random one), so
+  // two jobs that happen to use the same coordinator port refuse each other instead of joining
+  // (issue 9); otherwise from the coordinator address, the same on every rank.
+  const std::string job_id = env_of({"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID"}).value_or("");
+  co.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator + " " + job_id);
+  auto log = [&o, rank](const std::string& s) {
     if (!o.quiet) std::printf("rank %d: %s\n", rank, s.c_str());
     std::fflush(stdout);
   };
+  co.log = log;
   // Explain mode (--explain or TBVERBS_EXPLAIN=1): every QP attribute, MR layout and budget with
   // its reason, one line each, prefixed like every other line of this rank (also with --quiet).
   if (o.explain) tbverbs::set_explain(true);
@@ -310,6 +367,19 @@ int run_rank(const Options& o) {
     std::printf("rank %d: explain: %.*s\n", rank, static_cast<int>(l.size()), l.data());
     std::fflush(stdout);
   });
+  // The mesh all_reduce needs a cable between every pair of ranks (ring neighbours have theirs).
+  if (co.algorithm == Algorithm::mesh && n >= 4 && co.cabling) {
+    int missing = 0;
+    for (int p = 0; p < n; ++p) {
+      const bool neighbour = p == (rank + 1) % n || p == (rank + n - 1) % n;
+      if (p != rank && !neighbour && (static_cast<std::size_t>(p) >= co.cabling->mesh.size() || co.cabling->mesh[static_cast<std::size_t>(p)].empty()))
+        ++missing;
+    }
+    if (missing > 0)
+      return config_error("--algorithm mesh needs a cable between every pair of ranks: rank " + std::to_string(rank) +
+                          " has none toward " + std::to_string(missing) + " rank(s) (a fully connected device file, "
+                          "or --local N --mesh)");
+  }
 
   // Sizes and types.
   std::vector<DType> types;
@@ -326,6 +396,11 @@ int run_rank(const Options& o) {
   else if (o.place == "out") places = {false};
   else if (o.place == "both") places = {false, true};
   else return config_error("--place must be in, out or both");
+  // reduce_scatter's input and output must not overlap (docs/collectives.md): no in-place column.
+  if (kind == Collective::reduce_scatter) {
+    places.erase(std::remove(places.begin(), places.end(), true), places.end());
+    if (places.empty()) return config_error("--place in: reduce_scatter runs out of place only (its input and output must not overlap)");
+  }
   // (count in elements, or bytes) per run.
   std::vector<std::size_t> sizes;  // bytes, or elements when --count is given
   const bool by_count = !o.counts.empty();
@@ -350,111 +425,32 @@ int run_rank(const Options& o) {
       if (s > *hi / f) break;
     }
   }
+  // Elements of the whole vector for a size: whole blocks of n for the collectives that split it.
+  const bool blocks = kind == Collective::all_gather || kind == Collective::reduce_scatter;
+  auto elements = [&](std::size_t s, DType t) {
+    std::size_t c = by_count ? s : std::max<std::size_t>(1, s / tbverbs::dtype_size(t));
+    if (blocks) c = std::max<std::size_t>(1, c / static_cast<std::size_t>(n)) * static_cast<std::size_t>(n);
+    return c;
+  };
   std::size_t max_bytes = 0;
-  for (std::size_t s : sizes) max_bytes = std::max(max_bytes, by_count ? s * 8 : s);
+  for (DType t : types)
+    for (std::size_t s : sizes) max_bytes = std::max(max_bytes, elements(s, t) * tbverbs::dtype_size(t));
 
-  // The side channel: rendezvous through rank 0, full mesh, liveness.
-  tbverbs::SideChannelOptions sco;
-  sco.rank = rank;
-  sco.size = n;
-  sco.coordinator = coordinator;
-  // The job token: from the launcher's job id when there is one (--local passes a random one), so
-  // two jobs that happen to use the same coordinator port refuse each other instead of joining
-  // (issue 9); otherwise from the coordinator address, the same on every rank.
-  const std::string job_id = env_of({"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID"}).value_or("");
-  sco.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator + " " + job_id);
-  sco.timeout = cfg.timeout;
-  auto sc = tbverbs::SideChannel::connect(sco);
-  if (!sc) return fail_rank(rank, "the side-channel rendezvous with " + coordinator, sc.error(), nullptr);
+  // The communicator: side-channel rendezvous, devices, links verified, credits posted.
+  auto comm = tbverbs::Communicator::connect(co);
+  if (!comm) return fail_rank(rank, "setting up the ring", comm.error());
+  if (co.algorithm == Algorithm::mesh && n >= 4 && !comm->network()->fully_connected())
+    return config_error("--algorithm mesh needs a cable between every pair of ranks: the discovered cables leave rank " +
+                        std::to_string(rank) + " without one toward some rank (a fully connected fabric: --local N --mesh)");
+  tbverbs::SideChannel& sc = comm->side_channel();
+  log("algorithm " + comm->algorithm_rule());
 
-  auto lib = tbverbs::Library::load(o.library);
-  if (!lib) return fail_rank(rank, "loading the verbs library", lib.error(), &*sc);
-
-  std::optional<tbverbs::Topology> topo;
-  if (discover) {
-    // Which device faces which rank, from the subnets the ports publish; the ring follows the
-    // cables (in rank order when they allow it).
-    auto t = tbverbs::discover_topology(*lib, *sc);
-    if (!t) return fail_rank(rank, "discovering the cables", t.error(), &*sc);
-    topo.emplace(std::move(*t));
-    for (const auto& p : topo->problems()) cfg.log("topology: " + p);
-    auto order = topo->ring();
-    if (!order) {
-      // Every rank computed the same graph and fails the same way: say what was found (also
-      // with --quiet), then the error naming the hops without a cable.
-      if (o.quiet)
-        for (const auto& p : topo->problems()) std::fprintf(stderr, "rank %d: topology: %s\n", rank, p.c_str());
-      for (const auto& c : topo->cables()) std::fprintf(stderr, "rank %d: topology: cable %s\n", rank, topo->describe_cable(c).c_str());
-      return fail_rank(rank, "building the ring from the discovered cables", order.error(), nullptr);
-    }
-    cfg.order = *order;
-    std::string line;
-    for (int r : cfg.order) line += (line.empty() ? "" : " -> ") + std::to_string(r);
-    cfg.log("ring order " + line + " -> " + std::to_string(cfg.order[0]) + " (discovered, no device file)");
-    int pos = 0;
-    for (int i = 0; i < n; ++i)
-      if (cfg.order[static_cast<std::size_t>(i)] == rank) pos = i;
-    const int left = cfg.order[static_cast<std::size_t>((pos + n - 1) % n)];
-    const int right = cfg.order[static_cast<std::size_t>((pos + 1) % n)];
-    auto mine = [&](int peer) {
-      std::vector<std::string> d;
-      for (const auto& c : topo->between(rank, peer)) {
-        d.push_back(topo->end(c, rank).device);
-        cfg.log("cable to rank " + std::to_string(peer) + ": " + topo->describe_cable(c));
-      }
-      return d;
-    };
-    if (n == 2) {
-      // The cables between the two ranks are shared out as a device file would (even ones carry
-      // position 0's rightward hop, odd ones position 1's; one cable carries both).
-      const auto cables = mine(right);
-      std::vector<std::string> even, odd;
-      for (std::size_t k = 0; k < cables.size(); ++k) (k % 2 == 0 ? even : odd).push_back(cables[k]);
-      if (odd.empty()) odd = even;
-      cfg.right_devices = pos == 0 ? even : odd;
-      cfg.left_devices = pos == 0 ? odd : even;
-    } else {
-      cfg.right_devices = mine(right);
-      cfg.left_devices = mine(left);
-      // A fully connected job: the first cable to every other rank, for the mesh all_sum.
-      cfg.mesh_devices.assign(static_cast<std::size_t>(n), std::string());
-      for (int p = 0; p < n; ++p)
-        if (p != rank && p != left && p != right)
-          if (const auto c = topo->between(rank, p); !c.empty())
-            cfg.mesh_devices[static_cast<std::size_t>(p)] = topo->end(c.front(), rank).device;
-    }
-  }
-  if (cfg.algorithm == ring::Algorithm::mesh && n >= 4) {
-    int missing = 0;
-    for (int p = 0; p < n; ++p) {
-      const int pos = static_cast<int>(std::find(cfg.order.begin(), cfg.order.end(), rank) - cfg.order.begin());
-      const bool neighbour = cfg.order.empty() ? (p == (rank + 1) % n || p == (rank + n - 1) % n)
-                                               : (p == cfg.order[static_cast<std::size_t>((pos + 1) % n)] ||
-                                                  p == cfg.order[static_cast<std::size_t>((pos + n - 1) % n)]);
-      if (p != rank && !neighbour && (static_cast<std::size_t>(p) >= cfg.mesh_devices.size() || cfg.mesh_devices[static_cast<std::size_t>(p)].empty()))
-        ++missing;
-    }
-    if (missing > 0)
-      return config_error("--algorithm mesh needs a cable between every pair of ranks: rank " + std::to_string(rank) +
-                          " has none toward " + std::to_string(missing) + " rank(s) (a fully connected device file, "
-                          "or --local N --mesh)");
-  }
-  auto ringp = ring::Ring::create(*lib, *sc, cfg, max_bytes);
-  if (!ringp) {
-    // Discovered cables whose RTR times out: the addresses say these two ports share a subnet, the
-    // driver says they are not the ends of one cable (the addresses are crossed between cables).
-    const tbverbs::Error& e = ringp.error();
-    if (topo && e.step == tbverbs::Step::modify_qp_rtr && e.is(ETIMEDOUT))
-      if (auto c = topo->cable_of(rank, e.device.view()))
-        std::fprintf(stderr,
-                     "rank %d: topology: crossed? the subnets pair %s, but RTR toward it timed out: that port's "
-                     "cable goes elsewhere; give the two ends of each cable one /30 of their own\n",
-                     rank, topo->describe_cable(*c).c_str());
-    return fail_rank(rank, "setting up the ring", ringp.error(), &*sc);
-  }
-  ring::Ring& R = **ringp;
-
-  cfg.log("algorithm " + R.algorithm_rule());
+  // The buffers: page-aligned, as large as the largest run. A rank's input is the whole vector
+  // for all_reduce, reduce_scatter and broadcast, its own block for all_gather; its output the
+  // whole vector, or its block for reduce_scatter.
+  auto in_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
+  auto out_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
+  if (!in_buf || !out_buf) return fail_rank(rank, "allocating the buffers", (!in_buf ? in_buf : out_buf).error());
 
   // The results in the conventions of nccl-tests (rank 0 prints them): one row per (type, size),
   // out-of-place and in-place side by side, or with --csv one line per run.
@@ -463,43 +459,80 @@ int run_rank(const Options& o) {
     double us = 0, algbw = 0, busbw = 0;
     std::uint64_t wrong = 0;
   };
-  // One verified and timed all_sum; returns the launcher's exit code on failure.
+  const std::string cname(tbverbs::collective::collective_name(kind));
+  const char* redop = reduces ? op_name(op) : "none";
+  // The algorithm a run takes, from the bytes of one rank's block (the whole vector for all_reduce).
+  auto algorithm_of = [&](std::size_t bytes) {
+    return std::string(tbverbs::collective::algorithm_name(comm->algorithm_for(kind, blocks ? bytes / static_cast<std::size_t>(n) : bytes)));
+  };
+  // One verified and timed collective; returns the launcher's exit code on failure.
   auto run_one = [&](DType t, std::size_t count, bool in_place, Run& res) -> int {
-    const std::size_t bytes = count * ring::dtype_size(t);
+    const std::size_t es = tbverbs::dtype_size(t);
+    const std::size_t bytes = count * es;
+    const std::size_t block = blocks ? count / static_cast<std::size_t>(n) : count;
+    const std::size_t mine = static_cast<std::size_t>(rank) * block;  // first element of this rank's block
     int iters = o.iters;
     if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
-    void* in = R.input().data();
-    void* out = in_place ? in : R.output().data();
-    const std::string what = " (" + human(bytes) + " " + ring::dtype_name(t) + ", " +
-                             ring::algorithm_name(R.choose(bytes)) + ")";
+    const Pattern pat(t, op, n);
+    std::byte* const out = out_buf->data();
+    // The input: a buffer of its own, or (in place) the output itself, or this rank's block of it.
+    std::byte* const in = !in_place ? in_buf->data() : kind == Collective::all_gather ? out + mine * es : out;
+    std::size_t in_elems = count, out_elems = count;
+    if (kind == Collective::all_gather) in_elems = block;
+    if (kind == Collective::reduce_scatter) out_elems = block;
+    const std::span<const std::byte> in_span(in, in_elems * es);
+    const std::span<std::byte> out_span(out, out_elems * es);
+    auto call = [&]() -> tbverbs::Result<void> {
+      switch (kind) {
+      case Collective::all_reduce: return comm->all_reduce(in_span, out_span, t, op);
+      case Collective::all_gather: return comm->all_gather(in_span, out_span, t);
+      case Collective::reduce_scatter: return comm->reduce_scatter(in_span, out_span, t, op);
+      default: return comm->broadcast(out_span, t, o.root);
+      }
+    };
+    const std::string what = cname + " (" + human(bytes) + " " + std::string(tbverbs::dtype_name(t)) + ", " + algorithm_of(bytes) + ")";
     // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check),
     //    a barrier of every rank before the first send.
-    fill(t, rank, in, count);
-    if (!in_place) std::memset(out, 0xff, bytes);
-    if (auto r = R.all_sum(count, t, in_place, [&] { return sc->barrier(); }); !r)
-      return fail_rank(rank, R.where() + what, r.error(), &*sc);
-    const std::size_t bad = check(t, rank, n, out, count);
-    // 2. Timed runs, back to back as nccl-tests times them: between two all_sums a rank only
-    //    tells its two neighbours that its receives are posted. In place, each run sums the
-    //    previous sums (integers wrap, floats grow): same work, checked in step 1.
-    auto neighbours = [&] { return R.neighbours_posted(); };
+    if (!in_place) std::memset(out, 0xff, out_elems * es);
+    switch (kind) {
+    case Collective::all_gather: fill(pat, rank, 0, in, block); break;
+    case Collective::broadcast:
+      if (rank == o.root) fill(pat, rank, 0, out, count);
+      else if (in_place) std::memset(out, 0xff, bytes);
+      break;
+    default: fill(pat, rank, 0, in, count); break;
+    }
+    if (auto b = sc.barrier(); !b) return fail_rank(rank, "the barrier before " + what, b.error());
+    if (auto r = call(); !r) return fail_rank(rank, what, r.error());
+    std::size_t bad = 0;
+    switch (kind) {
+    case Collective::all_reduce: bad = check(pat, rank, 0, out, count, [&](std::size_t i) { return pat.result(i); }); break;
+    case Collective::reduce_scatter: bad = check(pat, rank, mine, out, block, [&](std::size_t i) { return pat.result(i); }); break;
+    case Collective::all_gather:
+      // Block q of the output is rank q's vector.
+      for (int q = 0; q < n; ++q)
+        bad += check(pat, rank, 0, out + static_cast<std::size_t>(q) * block * es, block, [&](std::size_t i) { return pat.input(q, i); });
+      break;
+    default: bad = check(pat, rank, 0, out, count, [&](std::size_t i) { return pat.input(o.root, i); }); break;
+    }
+    // 2. Timed runs, back to back as nccl-tests times them (the communicator's credits travel in
+    //    band: no side-channel traffic between two calls). In place, each run works on the previous
+    //    results (integers wrap, floats grow): same work, checked in step 1.
     for (int it = 0; it < o.warmup; ++it)
-      if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
-        return fail_rank(rank, R.where() + what, r.error(), &*sc);
-    if (auto b = sc->barrier(); !b) return fail_rank(rank, "the barrier before the timed runs", b.error(), &*sc);
+      if (auto r = call(); !r) return fail_rank(rank, what, r.error());
+    if (auto b = sc.barrier(); !b) return fail_rank(rank, "the barrier before the timed runs", b.error());
     const auto t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < iters; ++it)
-      if (auto r = R.all_sum(count, t, in_place, neighbours); !r)
-        return fail_rank(rank, R.where() + what, r.error(), &*sc);
+      if (auto r = call(); !r) return fail_rank(rank, what, r.error());
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Every rank's verdict and time, so rank 0's summary covers the whole job: the slowest
     // rank's time, the wrong elements of all.
-    std::byte mine[16];
+    std::byte verdict[16];
     std::uint64_t bad64 = bad, ns = static_cast<std::uint64_t>(total_s * 1e9);
-    std::memcpy(mine, &bad64, 8);
-    std::memcpy(mine + 8, &ns, 8);
-    auto all = sc->all_gather(mine);
-    if (!all) return fail_rank(rank, "gathering the results", all.error(), &*sc);
+    std::memcpy(verdict, &bad64, 8);
+    std::memcpy(verdict + 8, &ns, 8);
+    auto all = sc.all_gather(verdict);
+    if (!all) return fail_rank(rank, "gathering the results", all.error());
     std::uint64_t ns_max = 0;
     for (int k = 0; k < n; ++k) {
       std::uint64_t b = 0, u = 0;
@@ -512,17 +545,18 @@ int run_rank(const Options& o) {
     res.done = true;
     res.us = sec * 1e6;
     res.algbw = sec > 0 ? static_cast<double>(bytes) / sec / 1e9 : 0;
-    res.busbw = res.algbw * 2.0 * (n - 1) / n;  // nccl-tests' bus bandwidth of all_reduce
+    res.busbw = res.algbw * busbw_factor(kind, n);
     return 0;
   };
   if (rank == 0) {
     if (o.csv) {
       std::printf("size_bytes,count,type,redop,place,time_us,algbw_gbps,busbw_gbps,wrong\n");
     } else {
-      std::printf("#\n# all_sum over %d ranks; %s iterations per size, %d warm-up; time: the slowest rank's mean\n"
+      std::printf("#\n# %s over %d ranks%s; %s iterations per size, %d warm-up; time: the slowest rank's mean\n"
                   "# algorithm %s\n",
-                  n, o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup,
-                  R.algorithm_rule().c_str());
+                  kind == Collective::all_reduce && op == ReduceOp::sum ? "all_sum" : (cname + (reduces ? std::string(" (") + redop + ")" : "")).c_str(),
+                  n, kind == Collective::broadcast ? (", root " + std::to_string(o.root)).c_str() : "",
+                  o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup, comm->algorithm_rule().c_str());
       std::printf("#\n# %46s %-37s %s\n", "", "out-of-place", "in-place");
       std::printf("# %10s %12s %8s %5s %7s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
                   "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -537,9 +571,8 @@ int run_rank(const Options& o) {
   std::uint64_t wrong_total = 0;
   for (DType t : types)
     for (std::size_t s : sizes) {
-      const std::size_t es = ring::dtype_size(t);
-      const std::size_t count = by_count ? s : std::max<std::size_t>(1, s / es);
-      const std::size_t bytes = count * es;
+      const std::size_t count = elements(s, t);
+      const std::size_t bytes = count * tbverbs::dtype_size(t);
       Run res[2];  // out of place, in place
       for (bool in_place : places) {
         Run& r = res[in_place ? 1 : 0];
@@ -549,11 +582,11 @@ int run_rank(const Options& o) {
         wrong_total += r.wrong;
         if (r.wrong != 0) exit_code = 3;
         if (rank == 0 && o.csv)
-          std::printf("%zu,%zu,%s,sum,%s,%.3f,%.6f,%.6f,%" PRIu64 "\n", bytes, count, ring::dtype_name(t),
-                      in_place ? "in" : "out", r.us, r.algbw, r.busbw, r.wrong);
+          std::printf("%zu,%zu,%s,%s,%s,%.3f,%.6f,%.6f,%" PRIu64 "\n", bytes, count, std::string(tbverbs::dtype_name(t)).c_str(),
+                      redop, in_place ? "in" : "out", r.us, r.algbw, r.busbw, r.wrong);
       }
       if (rank == 0 && !o.csv) {
-        std::printf("  %10zu %12zu %8s %5s %7s", bytes, count, ring::dtype_name(t), "sum", ring::algorithm_name(R.choose(bytes)));
+        std::printf("  %10zu %12zu %8s %5s %7s", bytes, count, std::string(tbverbs::dtype_name(t)).c_str(), redop, algorithm_of(bytes).c_str());
         for (const Run& r : res) {
           if (r.done) std::printf(" %10.1f %8.3f %8.3f %6" PRIu64, r.us, r.algbw, r.busbw, r.wrong);
           else std::printf(" %10s %8s %8s %6s", "-", "-", "-", "-");
@@ -568,15 +601,17 @@ int run_rank(const Options& o) {
                 busbw_runs > 0 ? busbw_sum / busbw_runs : 0.0, busbw_runs);
     std::fflush(stdout);
   }
-  if (auto b = sc->barrier(); !b) return fail_rank(rank, "the final barrier", b.error(), &*sc);
-  for (const std::string& line : R.traffic()) cfg.log(line);
+  for (const std::string& line : comm->traffic()) log(line);
+  // close(): every rank waits for the others before the links go (a rank that left early would
+  // look lost to one still completing its last call).
+  if (auto c = comm->close(); !c) return fail_rank(rank, "the final barrier", c.error());
   return exit_code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ring_all_sum: a verified ring all_sum (reduce-scatter + all-gather, both ring directions) on tbverbs"};
+  CLI::App app{"ring_all_sum: the collectives layer's verified benchmark (all_reduce by default: the all_sum) on tbverbs"};
   Options o;
   app.add_option("--local", o.local, "Run N ranks on an emulated ring on this machine (Thunderbolt unless --profile)");
   app.add_option("--rank", o.rank, "This process' rank (default: $JACCL_RANK or $MLX_RANK)");
@@ -589,6 +624,12 @@ int main(int argc, char** argv) {
   app.add_option("-f,--factor", o.factor, "sweep: the factor between sizes")->capture_default_str();
   app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
       ->delimiter(',');
+  app.add_option("--collective", o.collective,
+                 "all_reduce, all_gather, reduce_scatter or broadcast (nccl-tests' sizes: the whole vector; a rank's "
+                 "block is size / ranks)")
+      ->capture_default_str();
+  app.add_option("--op", o.op, "sum, prod, min or max (all_reduce, reduce_scatter)")->capture_default_str();
+  app.add_option("--root", o.root, "broadcast's root rank")->check(CLI::Range(0, 63))->capture_default_str();
   app.add_option("--dtype", o.dtype, "float32, float64, int32, int64, float16, bfloat16 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per size, 1 or more (default: by size, 3 to 50)")->check(CLI::Range(1, 1000000000));
