@@ -276,12 +276,22 @@ struct State {
   }
 
   /// How the last received abort reads: "rank 2 aborted: <its text> (its error: <kind name>)".
+  /// It fits an Error's detail whole, with room for a cut mark after it: a longer text loses its beginning ("..."), not its end.
+  /// Contexts are prefixes ("rank 0, all_reduce (...), waiting for ...: <cause>"), so the end
+  /// holds the cause, and the claim after it says what kind it was.
   std::string abort_detail() const {
     const bool known = abort_claim >= 1 && abort_claim <= static_cast<std::uint8_t>(ErrorKind::peer_aborted);
-    return "rank " + std::to_string(abort_origin) + " aborted: " + abort_text + " (its error: " +
-           (known ? std::string(kind_name(static_cast<ErrorKind>(abort_claim)))
-                  : "unknown kind " + std::to_string(abort_claim)) +
-           ")";
+    const std::string head = "rank " + std::to_string(abort_origin) + " aborted: ";
+    const std::string tail = " (its error: " +
+                             (known ? std::string(kind_name(static_cast<ErrorKind>(abort_claim)))
+                                    : "unknown kind " + std::to_string(abort_claim)) +
+                             ")";
+    // Three characters short of the detail's 255: a caller's context appended after it (the
+    // collectives layer's "; here: ...") is then cut to "...", and this text stays whole.
+    constexpr std::size_t capacity = sizeof(Error{}.detail.data) - 4;
+    const std::size_t room = capacity > head.size() + tail.size() + 3 ? capacity - head.size() - tail.size() : 3;
+    if (abort_text.size() <= room) return head + abort_text + tail;
+    return head + "..." + abort_text.substr(abort_text.size() - (room - 3)) + tail;
   }
 
   /// Removes and returns the first abort frame queued on `c`, as an error.
@@ -1168,7 +1178,9 @@ inline void SideChannel::abort(const Error& cause) noexcept {
       bool forwarded = false;
       if (s_->abort_origin >= 0 && cause.is(ErrorKind::peer_aborted)) {
         detail::FixedString<sizeof(cause.detail.data)> same(s_->abort_detail());
-        forwarded = cause.detail.view().ends_with(same.view());
+        // (after a caller's prefix, or first with the caller's context after it: the collectives
+        // layer keeps the origin's text first, detail::in_context).
+        forwarded = cause.detail.view().ends_with(same.view()) || cause.detail.view().starts_with(same.view());
       }
       s_->broadcast_abort(cause, forwarded);
     } catch (...) { // allocation failure: the peers will still see this rank close

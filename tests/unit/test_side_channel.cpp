@@ -711,6 +711,26 @@ TEST_CASE("side channel: a recv_from ends at once when another rank aborts the j
   CHECK(took[1] < 2000ms);
 }
 
+TEST_CASE("side channel: a long abort keeps its cause and its claim, losing the beginning", "[side_channel]") {
+  // A collective's error reads "<context>: <cause>"; forwarded, the cause and the kind must survive
+  // the detail's 255 characters (the context went first: ring_all_sum's kill test).
+  std::vector<Error> errors(2);
+  run_ranks(2, [&](int rank, SideChannel& ch) {
+    if (rank == 0) { // 233 characters: it fits an Error, not with "rank 0 aborted: " and the claim
+      ch.abort(Error::make(tbverbs::Step::collective, ErrorKind::peer_lost, std::string(200, 'x') + ": rank 7 closed its side channel"));
+      return;
+    }
+    auto r = ch.recv_from(0);
+    if (!r) errors[1] = r.error();
+  });
+  INFO(errors[1].message());
+  CHECK(errors[1].kind == ErrorKind::peer_aborted);
+  const std::string d(errors[1].detail.view());
+  CHECK(d.starts_with("rank 0 aborted: ..."));
+  CHECK(d.ends_with("xx: rank 7 closed its side channel (its error: peer lost)"));
+  CHECK(d.size() == sizeof(errors[1].detail.data) - 4); // room for a cut mark after it
+}
+
 TEST_CASE("side channel: a SIGKILLed process is peer_lost, a SIGSTOPped one a timeout (fork)",
           "[side_channel]") {
   // Rank 0 is a child process; this process (no other thread running at fork) is rank 1.

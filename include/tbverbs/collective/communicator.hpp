@@ -302,6 +302,17 @@ private:
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
+/// `e` with this rank's context: "rank 1, all_reduce (...): <its detail>". A peer's abort keeps
+/// its own text first ("rank 0 aborted: ... rank 2 ... (its error: peer lost); here: rank 1,
+/// ..."): the detail holds 256 characters, and who failed first, and why, is the fact to keep
+/// when it is cut (two ranks' contexts nested in one another did not fit).
+inline Error in_context(Error e, const std::string& context) {
+  const std::string d(e.detail.view());
+  if (e.is(ErrorKind::peer_aborted) && !d.empty()) e.with_detail(d + "; here: " + context);
+  else e.with_detail(context + (d.empty() ? "" : ": ") + d);
+  return e;
+}
+
 /// The cabling of `rank` from discovered topology (the ring follows the cables; a fully connected
 /// job gets its mesh links), or the error naming the hops without a cable.
 inline Result<collective::Cabling> cabling_from_topology(const Topology& topo, int rank, int n,
@@ -349,20 +360,16 @@ inline Result<void> Communicator::close() {
   if (s->net && !s->broken && s->sc.valid()) {
     r = s->sc.barrier();
     if (!r) {
-      Error e = r.error();
-      e.with_detail("rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)" +
-                    (e.detail.empty() ? "" : ": ") + std::string(e.detail.view()));
-      r = fail(e);
+      r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
     }
   }
   return r; // the state goes here: registrations, links, devices, then the side channel
 }
 
 inline Error Communicator::broke(Error e, const std::string& what) {
-  std::string d = "rank " + std::to_string(s_->opts.rank) + ", " + what;
-  if (!s_->where.empty()) d += ", " + s_->where;
-  if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
-  e.with_detail(d);
+  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + what;
+  if (!s_->where.empty()) context += ", " + s_->where;
+  e = detail::in_context(std::move(e), context);
   s_->broken = e;
   if (s_->sc.valid()) s_->sc.abort(e); // the other ranks learn who failed, and why
   return e;
@@ -382,7 +389,7 @@ inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) 
   State& s = *c.s_;
   s.opts = o;
   auto context = [&](Error e, const std::string& step) {
-    e.with_detail("rank " + std::to_string(o.rank) + ", " + step + (e.detail.empty() ? "" : ": ") + std::string(e.detail.view()));
+    e = detail::in_context(std::move(e), "rank " + std::to_string(o.rank) + ", " + step);
     if (s.sc.valid()) s.sc.abort(e);
     return fail(e);
   };

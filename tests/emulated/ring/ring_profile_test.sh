@@ -74,7 +74,7 @@ PY
     # finding 8: a peer's abort is the peer's, never a local "port not active").
     for ((r = 0; r < N; r++)); do
       [ $r -eq 1 ] && continue
-      expect "\[rank $r\] FAILED during .*peer aborted: rank 1 aborted: state PORT_INIT \(its error: port not active\)"
+      expect "\[rank $r\] FAILED during .*peer aborted: rank 1 aborted: .*state PORT_INIT \(its error: port not active\)"
     done
     expect_count "cause: No subnet manager" 1
     expect_count "cause: Another rank of the job gave up" $((N - 1))
@@ -86,28 +86,28 @@ PY
     # verifies, and every cable carries the messages.
     run --local "$N" --profile rdma-core-rc --transport write "$@"
     verified
-    expect_count "transport: RDMA WRITE with immediate \(--transport write\)" "$N"
-    expect_count "RDMA WRITE targets exchanged with" "$N"
+    expect_count "transport: RDMA WRITE with immediate \(asked for\)" "$N"
+    expect_count "RDMA WRITE targets exchanged" "$N"
     expect_not "SEND/RECV"
     expect_not " 0 messages sent| 0 received"
     ;;
   rc_send)
     run --local "$N" --profile rdma-core-rc --transport send "$@"
     verified
-    expect_count "transport: SEND/RECV \(--transport send\)" "$N"
+    expect_count "transport: SEND/RECV \(asked for\)" "$N"
     expect_not "RDMA WRITE targets"
     ;;
   rc_auto)
     # auto names what it took and the figures it was chosen from.
     run --local "$N" --profile rdma-core-rc "$@"
     verified
-    expect_count "transport: (RDMA WRITE with immediate \(measured faster|SEND/RECV \(RDMA WRITE with immediate measured no faster) on the emulator: [0-9.]+ vs [0-9.]+ GB/s\)" "$N"
+    expect_count "transport: SEND/RECV \(RDMA WRITE with immediate measured no faster on the emulator" "$N"
     ;;
   thunderbolt_write)
     # Apple's driver accepts RDMA WRITE but does not execute it: --transport write sends instead, and says why.
     run --local "$N" --transport write "$@"
     verified
-    expect_count "transport: SEND/RECV \(--transport write asked, but Apple's Thunderbolt driver is UC and executes SEND only" "$N"
+    expect_count "transport: SEND/RECV \(RDMA WRITE asked for, but Apple's Thunderbolt driver is UC and executes SEND only" "$N"
     expect_not "RDMA WRITE targets"
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
