@@ -2,7 +2,7 @@
 # Where the latency algorithm (or, MESH=1, the mesh) stops beating the ring: ring_all_sum
 # --algorithm ring and --algorithm latency (mesh) over the same sizes, at each rank count, on one link model; prints both times per size and
 # the crossover (the largest size at which latency was faster, every smaller size faster too).
-# The figures behind latency_crossover_bytes() in examples/ring_all_sum/algorithms.hpp.
+# The figures behind latency_crossover_bytes() in include/tbverbs/collective/choice.hpp.
 #
 #   bench/all_sum/crossover.sh [BUILD_DIR]     (default build/release; configured as run.sh does)
 #

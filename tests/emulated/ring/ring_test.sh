@@ -324,6 +324,11 @@ case "$CASE" in
     refuse 1 "--algorithm must be auto, ring, latency or mesh" --local 2 --algorithm tree --iters 1
     refuse 1 "--algorithm mesh needs a cable between every pair of ranks: rank [0-9] has none toward 1 rank" --local 4 --algorithm mesh --iters 1
     refuse 2 "--mesh has one cable between every pair of hosts" --local 4 --mesh --cables 2 --iters 1
+    refuse 1 "--collective must be all_reduce, all_gather, reduce_scatter or broadcast" --local 2 --collective alltoall --iters 1
+    refuse 1 "--op must be sum, prod, min or max" --local 2 --op avg --iters 1
+    refuse 1 "--op applies to all_reduce and reduce_scatter" --local 2 --collective all_gather --op max --iters 1
+    refuse 1 "--root 3 is not a rank of 0..1" --local 2 --collective broadcast --root 3 --iters 1
+    refuse 1 "--place in: reduce_scatter runs out of place only" --local 2 --collective reduce_scatter --place in --iters 1
     refuse 1 "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
     refuse 1 "FAILED during .*the latency algorithm takes up to 1048576 bytes per rank, not 2097152" --local 2 --algorithm latency --size 2M --iters 1
     # A window whose queues fit 4095 frames but whose link CQs would exceed max_cqe: the budget
