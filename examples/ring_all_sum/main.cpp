@@ -451,6 +451,26 @@ int run_rank(const Options& o) {
   auto in_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
   auto out_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
   if (!in_buf || !out_buf) return fail_rank(rank, "allocating the buffers", (!in_buf ? in_buf : out_buf).error());
+  // --memory auto: the two buffers are registered once, as a program that calls collectives on
+  // the same buffers registers them (docs/collectives.md, "Memory"), while they fit the devices'
+  // MR budget; past it they are staged. (registered: the layer's cache registers them on first
+  // use; staged: never.) Released before close(): a registration must not outlive its communicator.
+  std::vector<tbverbs::MemoryRegistration> registrations;
+  if (co.memory == Memory::automatic && comm->network() != nullptr) {
+    for (auto* b : {&*in_buf, &*out_buf}) {
+      auto reg = comm->register_memory(std::span<const std::byte>(b->data(), max_bytes));
+      if (reg) {
+        registrations.push_back(std::move(*reg));
+      } else if (reg.error().is(tbverbs::ErrorKind::capacity)) {
+        log("memory: staged (" + std::string(reg.error().detail.view()) + ")");
+        registrations.clear();
+        break;
+      } else {
+        return fail_rank(rank, "registering the buffers", reg.error());
+      }
+    }
+    if (!registrations.empty()) log("memory: the two buffers registered (" + std::to_string(max_bytes) + " bytes each)");
+  }
 
   // The results in the conventions of nccl-tests (rank 0 prints them): one row per (type, size),
   // out-of-place and in-place side by side, or with --csv one line per run.
@@ -556,7 +576,8 @@ int run_rank(const Options& o) {
                   "# algorithm %s\n",
                   kind == Collective::all_reduce && op == ReduceOp::sum ? "all_sum" : (cname + (reduces ? std::string(" (") + redop + ")" : "")).c_str(),
                   n, kind == Collective::broadcast ? (", root " + std::to_string(o.root)).c_str() : "",
-                  o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup, comm->algorithm_rule().c_str());
+                  o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup,
+                  kind == Collective::all_reduce ? comm->algorithm_rule().c_str() : "the layer's choice per size (the algo column)");
       std::printf("#\n# %46s %-37s %s\n", "", "out-of-place", "in-place");
       std::printf("# %10s %12s %8s %5s %7s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
                   "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -602,6 +623,7 @@ int run_rank(const Options& o) {
     std::fflush(stdout);
   }
   for (const std::string& line : comm->traffic()) log(line);
+  registrations.clear();
   // close(): every rank waits for the others before the links go (a rank that left early would
   // look lost to one still completing its last call).
   if (auto c = comm->close(); !c) return fail_rank(rank, "the final barrier", c.error());
@@ -619,7 +641,8 @@ int main(int argc, char** argv) {
   app.add_option("--devices", o.devices, "JACCL-style device file (default: $JACCL_IBV_DEVICES or $MLX_IBV_DEVICES)");
   app.add_option("--library", o.library, "verbs library to load (default: $TBVERBS_LIBRARY, then the platform's)");
   app.add_option("--emu-library", o.emu_library, "emulated verbs library for --local")->capture_default_str();
-  app.add_option("-b,--size", o.size, "bytes per rank, e.g. 4K, 64M (the first of a sweep)")->capture_default_str();
+  app.add_option("-b,--size", o.size, "bytes of the whole vector (nccl-tests' size: all_gather's output, reduce_scatter's input; a "
+                 "rank's block is size / ranks), e.g. 4K, 64M (the first of a sweep)")->capture_default_str();
   app.add_option("-e,--max-size", o.max_size, "sweep: multiply the size by --factor up to this");
   app.add_option("-f,--factor", o.factor, "sweep: the factor between sizes")->capture_default_str();
   app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
@@ -638,7 +661,8 @@ int main(int argc, char** argv) {
   app.add_option("--window", o.window, "messages in flight per direction")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--memory", o.memory,
                  "auto, registered (user buffers as regions of at most max_mr_size) or staged (copies through "
-                 "registered scratch slots); auto registers while the regions fit the devices' budget")
+                 "registered scratch slots); auto registers the two buffers once (register_memory) while they fit "
+                 "the devices' MR budget, else stages")
       ->capture_default_str();
   app.add_option("--transport", o.transport,
                  "auto, send (SEND/RECV) or write (RDMA WRITE with immediate into the peer's buffer; RC only, "

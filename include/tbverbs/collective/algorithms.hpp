@@ -16,8 +16,9 @@
 /// mirrors it, with + for -). All-gather then takes size - 1 steps passing complete chunks on
 /// (at step s, R sends chunk r - s). all_reduce is both phases; reduce_scatter the first alone
 /// (chunk r is rank r's output: the chunks of reduce_scatter and all_gather are the ranks'
-/// blocks), all_gather the second alone. Each rank moves 2 (size - 1) / size of the vector over each
-/// direction of each cable: 2 (size - 1) hops of latency.
+/// blocks), all_gather the second alone. Each rank sends 2 (size - 1) / size of the vector in all,
+/// half of it each way: (size - 1) / size over each direction of each cable, in 2 (size - 1)
+/// hops of latency.
 ///
 /// **LatencySchedule** (small vectors; all_reduce, all_gather): every rank's whole vector travels
 /// floor(size/2) hops both ways, each rank forwarding what it received, into the scratch memory's

@@ -50,7 +50,7 @@ enum class Memory : std::uint8_t { automatic, registered, staged };
 /// How messages travel: `send` (SEND/RECV, every driver), `write` (RDMA WRITE with immediate into
 /// the peer's scratch memory: RC only; Apple's UC driver accepts a WRITE but does not execute it,
 /// so there SEND/RECV is used), `automatic` (the one measured faster on the emulator: SEND/RECV,
-/// docs/collectives.md, "Transport").
+/// docs/collective-backend.md, section 6b).
 enum class Transport : std::uint8_t { automatic, send, write };
 
 /// Which all_reduce algorithm runs (collective/algorithms.hpp): `automatic` follows the measured
@@ -419,7 +419,7 @@ inline Result<void> Network::choose_transport() {
     line = everyone ? "RDMA WRITE with immediate (asked for)" : "SEND/RECV (RDMA WRITE asked for, but " + why_not + ")";
     break;
   case Transport::automatic:
-    line = everyone ? "SEND/RECV (RDMA WRITE with immediate measured no faster on the emulator: docs/collectives.md)"
+    line = everyone ? "SEND/RECV (RDMA WRITE with immediate measured no faster on the emulator: docs/collective-backend.md 6b)"
                     : "SEND/RECV (" + why_not + ")";
     break;
   }
@@ -623,8 +623,8 @@ inline Result<void> Network::exchange_advertisements() {
 }
 
 // Every link's first head receive (one frame, in head slot 0; a zero-length credit for RDMA WRITE),
-// then "receives posted" over the side channel, the only time the collectives use it outside
-// set-up and failures.
+// then "receives posted" over the side channel: the last step of set-up, and the last time the
+// collectives use it except on a failure (and close()'s barrier).
 inline Result<void> Network::prime() {
   for (std::size_t i = 0; i < links_.size(); ++i) {
     LinkState& s = states_[i];
