@@ -26,6 +26,14 @@ struct EmuContext {
   Fabric* fab;
   int dev;
   int host;
+  // Asynchronous events (ibv_get_async_event): the ports' states this context last reported, bit
+  // p - 1 set when port p was active. A change (tbverbs-emu port-down / port-up, the other end's)
+  // becomes IBV_EVENT_PORT_ERR or IBV_EVENT_PORT_ACTIVE, one event per change, as rdma-core's
+  // kernel raises them (ibv_get_async_event(3)). Apple documents no async events (TN3205 is silent);
+  // that its driver raises port events is our assumption (docs/emulator.md, "Asynchronous events").
+  std::mutex events_mu;
+  uint32_t ports_seen_active = 0;
+  int ports = 0;  // ports 1..ports exist
 };
 
 struct EmuPd {

@@ -215,6 +215,9 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c->fab = d->fab;
   c->dev = d->index;
   c->host = host;
+  while (c->ports < 32 && c->fab->find_port(c->dev, static_cast<uint8_t>(c->ports + 1)) >= 0) ++c->ports;
+  for (int p = 1; p <= c->ports; ++p)
+    if (port_active(*c->fab, c->fab->find_port(c->dev, static_cast<uint8_t>(p)))) c->ports_seen_active |= 1u << (p - 1);
   verbs_context& v = c->v;
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_op;
@@ -226,8 +229,10 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   // There is no kernel command channel, but programs treat cmd_fd as an fd (pyverbs dups it
   // to import the context, which ibv_import_device then refuses): a quiet eventfd.
   ctx.cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  // No asynchronous events are generated, but programs poll this fd, so make it real.
-  // Blocking, as rdma-core's (the uverbs fd): a program makes it non-blocking itself to poll it.
+  // Programs poll this fd for asynchronous events, so make it real. Blocking, as rdma-core's (the
+  // uverbs fd): a program makes it non-blocking itself to poll it. The port events are found when
+  // ibv_get_async_event looks (the port states live in the fabric's shared memory, changed by
+  // other processes), so the fd is never signalled: a waiter polls it in short slices.
   ctx.async_fd = eventfd(0, EFD_CLOEXEC);
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -1316,24 +1321,43 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
   return 0;
 }
 
-EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event*) {
-  // Never produces events: block (or EAGAIN) on the context's quiet eventfd.
+// The next port event of `c`, if a port's state changed since it last reported (see EmuContext).
+bool take_port_event(EmuContext* c, ibv_async_event* event) {
+  std::lock_guard<std::mutex> g(c->events_mu);
+  for (int p = 1; p <= c->ports; ++p) {
+    const uint32_t bit = 1u << (p - 1);
+    const bool active = port_active(*c->fab, c->fab->find_port(c->dev, static_cast<uint8_t>(p)));
+    if (active == ((c->ports_seen_active & bit) != 0)) continue;
+    c->ports_seen_active ^= bit;
+    std::memset(event, 0, sizeof *event);
+    event->element.port_num = p;
+    event->event_type = active ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
+    return true;
+  }
+  return false;
+}
+
+EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
   EmuContext* c = ectx(context);
-  if (!c) {
+  if (!c || !event) {
     errno = EINVAL;
     return -1;
   }
-  // A non-blocking async fd (the usual way to poll for events) answers EAGAIN at once, as
-  // rdma-core's read() does; a blocking one waits until a signal ends it with EINTR.
-  if ((fcntl(c->v.context.async_fd, F_GETFL) & O_NONBLOCK) != 0) {
-    errno = EAGAIN;
-    return -1;
+  // A non-blocking async fd (the usual way to poll for events) answers EAGAIN at once when no
+  // event is pending, as rdma-core's read() does; a blocking one waits for an event (looking
+  // every 10 ms) until a signal ends the wait with EINTR.
+  const bool nonblocking = (fcntl(c->v.context.async_fd, F_GETFL) & O_NONBLOCK) != 0;
+  for (;;) {
+    if (take_port_event(c, event)) return 0;
+    if (nonblocking) {
+      errno = EAGAIN;
+      return -1;
+    }
+    pollfd p{c->v.context.async_fd, POLLIN, 0};
+    if (::poll(&p, 1, 10) < 0) return -1;  // errno: EINTR
   }
-  pollfd p{c->v.context.async_fd, POLLIN, 0};
-  if (::poll(&p, 1, -1) < 0) return -1;  // errno: EINTR
-  errno = EAGAIN;
-  return -1;
 }
+
 EMU_EXPORT void ibv_ack_async_event(ibv_async_event*) {}
 EMU_EXPORT int ibv_fork_init(void) { return 0; }
 EMU_EXPORT ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }

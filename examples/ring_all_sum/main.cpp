@@ -448,7 +448,10 @@ int run_rank(const Options& o) {
   // The buffers: page-aligned, as large as the largest run. A rank's input is the whole vector
   // for all_reduce, reduce_scatter and broadcast, its own block for all_gather; its output the
   // whole vector, or its block for reduce_scatter.
-  auto in_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
+  // (In place only: no separate input buffer, so the resident memory is the vector's and the
+  // communicator's.)
+  const bool out_of_place = std::find(places.begin(), places.end(), false) != places.end();
+  auto in_buf = tbverbs::AlignedBuffer::allocate(out_of_place ? max_bytes : 0);
   auto out_buf = tbverbs::AlignedBuffer::allocate(max_bytes);
   if (!in_buf || !out_buf) return fail_rank(rank, "allocating the buffers", (!in_buf ? in_buf : out_buf).error());
   // --memory auto: the two buffers are registered once, as a program that calls collectives on
@@ -458,6 +461,7 @@ int run_rank(const Options& o) {
   std::vector<tbverbs::MemoryRegistration> registrations;
   if (co.memory == Memory::automatic && comm->network() != nullptr) {
     for (auto* b : {&*in_buf, &*out_buf}) {
+      if (b == &*in_buf && !out_of_place) continue;
       auto reg = comm->register_memory(std::span<const std::byte>(b->data(), max_bytes));
       if (reg) {
         registrations.push_back(std::move(*reg));
@@ -469,7 +473,9 @@ int run_rank(const Options& o) {
         return fail_rank(rank, "registering the buffers", reg.error());
       }
     }
-    if (!registrations.empty()) log("memory: the two buffers registered (" + std::to_string(max_bytes) + " bytes each)");
+    if (!registrations.empty())
+      log("memory: " + std::string(out_of_place ? "the input and output buffers" : "the buffer") + " registered (" +
+          std::to_string(max_bytes) + " bytes each)");
   }
 
   // The results in the conventions of nccl-tests (rank 0 prints them): one row per (type, size),

@@ -3,6 +3,7 @@
 /// factories of protection domains and completion queues.
 #pragma once
 
+#include "async_event.hpp"
 #include "completion_queue.hpp"
 #include "config.hpp"
 #include "detail/abi.hpp"
@@ -15,7 +16,11 @@
 #include "result.hpp"
 #include "types.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +101,61 @@ public:
     d.max_mr_size = a.max_mr_size;
     d.phys_port_cnt = a.phys_port_cnt;
     return d;
+  }
+
+  /// Waits until `deadline` for the device's next asynchronous event (ibv_get_async_event): a
+  /// port going down (`AsyncEventType::port_error`, with port()) or up, a QP or CQ error, the
+  /// device lost. The event is acknowledged before it is returned. Events queue in the driver
+  /// from the moment the device is open, so one that happened before the call is returned at
+  /// once. A deadline already past still takes a pending event. The first call makes the
+  /// context's async fd non-blocking (rdma-core's documented way to poll it) and the wait polls
+  /// it in slices of at most 10 ms, so a driver whose fd is never signalled (the emulator's) is
+  /// still heard. Safe from one thread at a time per context, beside any other call.
+  /// Errors: `timeout` when no event came; `unsupported` when the library exports no
+  /// ibv_get_async_event / ibv_ack_async_event (docs/core-api.md, "Asynchronous events");
+  /// otherwise the verb's errno.
+  [[nodiscard]] Result<AsyncEvent> wait_async_event(std::chrono::steady_clock::time_point deadline) const {
+    if (ctx_.get() == nullptr || info_ == nullptr)
+      return fail(Error::from_errno(Step::get_async_event, EBADF).with_detail("a moved-from or closed Context"));
+    const detail::VerbsApi& api = *info_->api;
+    if (api.get_async_event == nullptr) {
+      Error e = Error::make(Step::get_async_event, ErrorKind::unsupported,
+                            std::string("the verbs library (") + api.origin +
+                                ") exports no ibv_get_async_event and ibv_ack_async_event: this device's "
+                                "asynchronous events cannot be read; a dead port shows as a timeout");
+      return fail(info_->stamp(e));
+    }
+    const int fd = ctx_.get()->async_fd;
+    if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    for (;;) {
+      abi::ibv_async_event raw;
+      std::memset(&raw, 0, sizeof raw);
+      errno = 0;
+      if (api.get_async_event(ctx_.get(), &raw) == 0) {
+        const AsyncEvent ev = AsyncEvent::from_native(raw, info_->device.view());
+        api.ack_async_event(&raw);
+        return ev;
+      }
+      const int err = errno;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        Error e = Error::from_errno(Step::get_async_event, err);
+        return fail(info_->stamp(e));
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        Error e = Error::make(Step::get_async_event, ErrorKind::timeout, "no asynchronous event before the deadline");
+        return fail(info_->stamp(e));
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+      pollfd p{fd, POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(left < 10 ? left : 10)); // EINTR or a timeout: look again
+    }
+  }
+  /// wait_async_event for at most `timeout` from now.
+  template <class Rep, class Period>
+  [[nodiscard]] Result<AsyncEvent> wait_async_event(std::chrono::duration<Rep, Period> timeout) const {
+    return wait_async_event(std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
   }
 
   /// One port's attributes. Errors: query_port's return value.

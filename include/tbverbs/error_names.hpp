@@ -51,6 +51,7 @@ enum class Step : std::uint8_t {
   modify_qp_reset,      ///< ibv_modify_qp to RESET (QueuePair::reset, or a failed connect undone).
   make_sge,             ///< Slicing a memory region into a scatter-gather entry (MemoryRegion::sge).
   work_request,         ///< Building or checking a work request before it is posted.
+  get_async_event,      ///< ibv_get_async_event: waiting for a device's asynchronous event.
 };
 
 /// What kind of condition an Error reports, beyond the raw error number.
@@ -247,6 +248,8 @@ constexpr std::string_view step_name(Step s) noexcept {
     return "MemoryRegion::sge";
   case Step::work_request:
     return "work request";
+  case Step::get_async_event:
+    return "ibv_get_async_event";
   }
   return "unknown step";
 }

@@ -71,6 +71,10 @@ struct VerbsApi {
   int (*destroy_comp_channel)(abi::ibv_comp_channel* channel) = nullptr;
   int (*get_cq_event)(abi::ibv_comp_channel* channel, abi::ibv_cq** cq, void** cq_context) = nullptr;
   void (*ack_cq_events)(abi::ibv_cq* cq, unsigned int nevents) = nullptr;
+  // Asynchronous events (port up/down, QP and CQ errors, device loss): Context::wait_async_event.
+  // Usable only with both; Apple documents none (TN3205 is silent on them).
+  int (*get_async_event)(abi::ibv_context* context, abi::ibv_async_event* event) = nullptr;
+  void (*ack_async_event)(abi::ibv_async_event* event) = nullptr;
   // GID types (rdma-core 36+, IBVERBS_1.11): the whole table with types and netdevs in one call,
   // or one entry; both return an errno (the table: its negation). Absent on older rdma-core.
   ssize_t (*query_gid_table)(abi::ibv_context* context, GidEntryAbi* entries, std::size_t max_entries,
@@ -146,6 +150,8 @@ inline std::span<const SymbolEntry> symbol_table() noexcept {
       TBVERBS_SYM(destroy_comp_channel, "IBVERBS_1.0", false),
       TBVERBS_SYM(get_cq_event, "IBVERBS_1.1", false),
       TBVERBS_SYM(ack_cq_events, "IBVERBS_1.1", false),
+      TBVERBS_SYM(get_async_event, "IBVERBS_1.1", false),
+      TBVERBS_SYM(ack_async_event, "IBVERBS_1.1", false),
       // GID types: the exported names behind verbs.h's inline ibv_query_gid_ex/_table.
       SymbolEntry{"_ibv_query_gid_table", "IBVERBS_1.11", false,
                   [](VerbsApi& a, void* p) { assign(a.query_gid_table, p); }},
@@ -174,6 +180,10 @@ inline Result<void> resolve_all(void* handle, VerbsApi& api) {
     api.destroy_comp_channel = nullptr;
     api.get_cq_event = nullptr;
     api.ack_cq_events = nullptr;
+  }
+  if (!api.get_async_event || !api.ack_async_event) { // an event must be acknowledged
+    api.get_async_event = nullptr;
+    api.ack_async_event = nullptr;
   }
   return {};
 }
@@ -251,6 +261,9 @@ public:
   /// True when the library exports all four completion-channel functions (optional: without
   /// them completion waits poll, as Apple's TN3205 prescribes anyway).
   bool has_completion_channels() const noexcept { return api_->create_comp_channel != nullptr; }
+  /// True when the library exports `ibv_get_async_event` and `ibv_ack_async_event` (optional:
+  /// without them Context::wait_async_event answers `unsupported`).
+  bool has_async_events() const noexcept { return api_->get_async_event != nullptr; }
   /// True when the library exports `ibv_get_device_guid` (optional; Device::guid() is empty
   /// without it).
   bool has_device_guid() const noexcept { return api_->get_device_guid != nullptr; }

@@ -3,6 +3,7 @@
 /// included separately).
 #pragma once
 
+#include "async_event.hpp"
 #include "completion_queue.hpp"
 #include "config.hpp"
 #include "context.hpp"

@@ -75,6 +75,11 @@ struct FakeVerbs {
       if (fd >= 0) ::close(fd);
   }
   void enable_channels();
+  // Asynchronous events: get_async_event hands these out in order (then EAGAIN); acks counts
+  // ibv_ack_async_event calls.
+  void enable_async_events();
+  std::deque<abi::ibv_async_event> async_events;
+  int async_acks = 0;
   FakeVerbs(const FakeVerbs&) = delete;
   FakeVerbs& operator=(const FakeVerbs&) = delete;
 
@@ -106,6 +111,7 @@ inline const char* f_get_device_name(abi::ibv_device* d) { return d->name; }
 inline std::uint64_t f_get_device_guid(abi::ibv_device*) { return 0; }
 inline abi::ibv_context* f_open_device(abi::ibv_device* d) {
   current->ctx.device = d;
+  current->ctx.async_fd = -1; // no fd (0 would be stdin, which wait_async_event makes non-blocking)
   return &current->ctx;
 }
 inline int f_close_device(abi::ibv_context*) {
@@ -313,6 +319,22 @@ inline FakeVerbs::FakeVerbs() {
   api.query_qp = f_query_qp;
   api.origin = "fake";
   api.platform = tbverbs::Platform::rdma_core;
+}
+
+inline int f_get_async_event(abi::ibv_context*, abi::ibv_async_event* ev) {
+  auto& f = *current;
+  if (f.async_events.empty()) {
+    errno = EAGAIN;
+    return -1;
+  }
+  *ev = f.async_events.front();
+  f.async_events.pop_front();
+  return 0;
+}
+inline void f_ack_async_event(abi::ibv_async_event*) { ++current->async_acks; }
+inline void FakeVerbs::enable_async_events() {
+  api.get_async_event = f_get_async_event;
+  api.ack_async_event = f_ack_async_event;
 }
 
 inline void FakeVerbs::enable_channels() {

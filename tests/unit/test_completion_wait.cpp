@@ -378,6 +378,8 @@ TEST_CASE("required symbols are exactly what JACCL and ds4 resolve; the others a
   CHECK(required == apple_consumers);
   CHECK(optional.count("ibv_get_device_guid") == 1);
   CHECK(optional.count("ibv_create_comp_channel") == 1);
+  CHECK(optional.count("ibv_get_async_event") == 1);
+  CHECK(optional.count("ibv_ack_async_event") == 1);
   CHECK(optional.count("ibv_req_notify_cq") == 0); // the ops table's, not a symbol
 }
 

@@ -15,6 +15,8 @@
 TBVERBS_NAMESPACE_BEGIN
 namespace detail::abi {
 using ::ibv_ah_attr;
+using ::ibv_async_event;
+using ::ibv_event_type;
 using ::ibv_comp_channel;
 using ::ibv_context;
 using ::ibv_context_ops;
@@ -50,6 +52,7 @@ using ::ibv_wc_status;
 using ::ibv_wr_opcode;
 using enum ::ibv_access_flags;
 using enum ::ibv_mtu;
+using enum ::ibv_event_type;
 using enum ::ibv_node_type;
 using enum ::ibv_port_state;
 using enum ::ibv_qp_attr_mask;
