@@ -93,12 +93,35 @@ public:
   /// `describe(i, j, sending)` (for errors). Every rank of the links runs the same collective.
   /// Errors: the links' (a failed work completion or post), the side channel's (a lost or aborting
   /// peer), `timeout` after the configuration's timeout without progress, `result_mismatch` for a
-  /// message of the wrong length (ranks that called different collectives or sizes); `where` then
-  /// names the step and the rank waited for.
+  /// message of the wrong length (ranks that called different collectives or sizes),
+  /// `port_not_active` when a device reports a failure event (a port down, a QP or CQ error, the
+  /// device lost: Context::wait_async_event); `where` then names the step and the rank waited for.
   template <class Schedule>
   [[nodiscard]] Result<void> run(Schedule& plan, const OpMemory& mem, std::string& where);
 
 private:
+  // A device's failure event since the last look (a port down, a QP or CQ error, the device
+  // gone), as an error naming the device and port; success when there is none or the library
+  // has no async events. Checked with the peers' liveness (every 20 ms of a wait): a pulled cable
+  // ends the collective at once, naming the port, instead of after the no-progress timeout.
+  Result<void> dead_port() {
+    for (const auto& p : net_.ports()) {
+      if (!p->context) continue;
+      for (;;) {
+        auto ev = p->context->wait_async_event(std::chrono::steady_clock::time_point{}); // look, never wait
+        if (!ev) break; // nothing pending, or no async events from this library
+        if (!ev->is_failure()) continue;
+        return fail(Error::make(Step::collective, ErrorKind::port_not_active,
+                                ev->describe() + (ev->type() == AsyncEventType::port_error
+                                                      ? " (the port left ACTIVE: a cable pulled, or the other end down)"
+                                                      : " (reported by the device: its links cannot go on)"))
+                        .on(p->name, ev->port())
+                        .from(p->context->platform()));
+      }
+    }
+    return {};
+  }
+
   // One link's part of one collective: its message counts and wire counters. Wire w is message
   // w - dummy of the schedule (wire 0 is the dummy head when there is one); wires beyond a side's
   // messages are placeholders.
@@ -461,6 +484,10 @@ inline Result<void> Engine::run(Schedule& plan, const OpMemory& mem, std::string
       if (auto alive = net_.channel().check_peers(); !alive) {
         where = "waiting for " + describe_wait();
         return fail(alive.error());
+      }
+      if (auto port = dead_port(); !port) {
+        where = "waiting for " + describe_wait();
+        return fail(port.error());
       }
     }
     if (now - last_progress > timeout) {

@@ -399,6 +399,29 @@ case "$CASE" in
     check_rows 1
     echo "ok: the dropped direction was detected by the warm-up, the link recreated, the run verified"
     ;;
+  port_down)
+    # A cable pulled mid-run (tbverbs-emu port-down on host1's rdma_en1, the cable to host0): the
+    # devices at its two ends report IBV_EVENT_PORT_ERR, the ranks there fail naming the port, the
+    # others learn it from them; every rank exits within a few seconds of the pull, long before
+    # the 20 s no-progress timeout (issue 18 finding 7: it was seen only as that timeout).
+    "$RING" --local 3 --write-fabric "$FABRIC" >/dev/null || fail "cannot write the fabric"
+    echo "+ $RING --local 3 --fabric $FABRIC --timeout 20000 $* (port-down host1 rdma_en1 after 1.5 s)" >"$OUT"
+    "$RING" --local 3 --fabric "$FABRIC" --timeout 20000 "$@" >>"$OUT" 2>&1 &
+    pid=$!
+    sleep 1.5
+    t0=$(date +%s.%N)
+    "$CLI" -f "$FABRIC" port-down host1 rdma_en1 >/dev/null || fail "cannot take the port down"
+    wait "$pid"; RC=$?
+    took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
+    [ $RC -ne 0 ] || fail "launcher exited 0 although a port went down mid-run"
+    expect "FAILED during .*IBV_EVENT_PORT_ERR on rdma_en[12] port 1"
+    expect_not "HUNG|no progress for"
+    for r in 0 1 2; do
+      grep -Eq "^\[rank $r\] FAILED during " "$OUT" || fail "rank $r did not report a failure"
+    done
+    awk -v t="$took" 'BEGIN { exit !(t < 5) }' || fail "the ranks took $took s after the port went down"
+    echo "ok: the port went down, every rank failed naming IBV_EVENT_PORT_ERR, $took s after"
+    ;;
   no_ipv4)
     # host1's rdma_en1 has no IPv4 address: rank 1 must fail at GID selection with the diagnosis
     # and its remedy, the others must stop with an error naming rank 1, nobody hangs.
