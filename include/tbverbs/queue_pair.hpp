@@ -66,13 +66,23 @@ struct QpTransport {
 /// The operations a connected QP may post: those its transport offers (RC: all; UC: SEND and
 /// RDMA WRITE, with or without immediate; UD: SEND), less what the provider profile does not
 /// execute (Apple's driver: IBV_WR_SEND only, TN3205 "2-sided operations only"; RDMA WRITE is
-/// accepted there and silently dropped, ds4) and, without `allow_one_sided`, every one-sided one.
-constexpr SendOps send_ops_for(QpType type, Platform platform, bool allow_one_sided) noexcept {
+/// accepted there and silently dropped, ds4), without `allow_one_sided` every one-sided one, and
+/// every one-sided one the peer's QP does not grant: `granted` is the remote access of the peer's
+/// QP, which a job whose ranks share one recipe sets with QpRecipe::access (RDMA WRITE, with or
+/// without immediate, needs remote_write; RDMA READ remote_read; atomics remote_atomic). A READ
+/// the peer does not grant would post, fail at completion and put both QPs in ERR (issue 18,
+/// finding 3); refused here, it fails at post() with nothing sent.
+constexpr SendOps send_ops_for(QpType type, Platform platform, bool allow_one_sided,
+                               Access granted = Access::remote_write | Access::remote_read | Access::remote_atomic) noexcept {
   SendOps ops = type == QpType::rc   ? SendOps::reliable_connected
                 : type == QpType::uc ? SendOps::unreliable_connected
                                      : SendOps::datagram;
   if (!allow_one_sided)
     ops = without(ops, SendOps::rdma_write | SendOps::rdma_write_with_imm | SendOps::rdma_read | SendOps::atomics);
+  auto grants = [granted](Access a) { return (static_cast<int>(granted) & static_cast<int>(a)) != 0; };
+  if (!grants(Access::remote_write)) ops = without(ops, SendOps::rdma_write | SendOps::rdma_write_with_imm);
+  if (!grants(Access::remote_read)) ops = without(ops, SendOps::rdma_read);
+  if (!grants(Access::remote_atomic)) ops = without(ops, SendOps::atomics);
   if (platform == Platform::apple) ops = ops & SendOps::send;
   return ops;
 }
@@ -271,10 +281,10 @@ public:
 private:
   friend class PreparedQueuePair;
   QueuePair(detail::Owned<abi::ibv_qp> qp, detail::Ref<detail::ContextInfo> info, QpCapacities caps,
-            bool allow_write) noexcept
+            bool allow_write, Access granted) noexcept
       : owned_(std::move(qp)), info_(std::move(info)), caps_(caps), qp_(owned_.get()) {
     type_ = static_cast<QpType>(qp_->qp_type);
-    ops_ = send_ops_for(type_, info_ != nullptr ? info_->platform : Platform::any, allow_write);
+    ops_ = send_ops_for(type_, info_ != nullptr ? info_->platform : Platform::any, allow_write, granted);
   }
   // The recipe and PSN a reset() re-initialises with (set by PreparedQueuePair::connect).
   // `keep` owns `*recipe` (queue_pair.hpp cannot name the holder's type: QpRecipe is incomplete here).
@@ -327,8 +337,9 @@ private:
     if (w.opcode != abi::IBV_WR_SEND && !contains(ops_, static_cast<SendOp>(w.opcode))) {
       e = Error::make(Step::post_send, ErrorKind::unsupported);
       if (index >= 0) e.detail.appendf("request %d of the chain: ", index);
-      e.detail.appendf("%s is not executed by this QP (%s, %s profile)", send_op_name(static_cast<SendOp>(w.opcode)),
-                       type_ == QpType::rc ? "RC" : type_ == QpType::uc ? "UC" : "UD",
+      e.detail.appendf("%s is not executed by this QP (%s, %s profile; one-sided operations also need the "
+                       "recipe's allow_rdma_write and the remote access its peer grants, QpRecipe::access)",
+                       send_op_name(static_cast<SendOp>(w.opcode)), type_ == QpType::rc ? "RC" : type_ == QpType::uc ? "UC" : "UD",
                        info_ != nullptr && info_->platform == Platform::apple ? "Thunderbolt: SEND/RECV only" : "this");
     } else {
       e = Error::make(Step::post_send, ErrorKind::capacity);

@@ -175,6 +175,9 @@ public:
   const QpCapacities& requested_capacities() const noexcept { return caps_; }
   /// True when the connected QP may rdma_write.
   bool rdma_write_allowed() const noexcept { return allow_rdma_write_; }
+  /// The remote access rights the QP grants its peer (and, the ranks sharing this recipe, the
+  /// peer grants it: the one-sided operations its QP admits follow from them, send_ops_for).
+  Access access() const noexcept { return access_; }
 
   /// The attributes of `ibv_create_qp` (send and receive CQs filled in by prepare()).
   abi::ibv_qp_init_attr init_attributes() const noexcept {
@@ -402,7 +405,7 @@ public:
       }
       return fail(r.error());
     }
-    QueuePair qp(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed());
+    QueuePair qp(std::move(owned_), std::move(info_), caps_, recipe_.rdma_write_allowed(), recipe_.access());
     // The copy reset() re-connects with, owned by the QP.
     struct KeptRecipe final : detail::RefCounted {
       QpRecipe recipe;

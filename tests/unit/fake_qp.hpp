@@ -4,6 +4,8 @@
 
 #include "fake_verbs.hpp"
 
+#include <optional>
+
 #include <catch2/catch_test_macros.hpp>
 
 #include <utility>
@@ -26,8 +28,10 @@ struct ConnectedQp {
   tbverbs::QueuePair qp;
 };
 
-/// A QP prepared with `caps` asked for, on `rc` ? mlx5_0 (RC) : rdma_en1 (Thunderbolt, UC).
-inline PreparedQp prepare_qp(FakeVerbs& f, bool rc, tbverbs::QpCapacities caps = {16, 16, 2, 2, 64}) {
+/// A QP prepared with `caps` asked for, on `rc` ? mlx5_0 (RC) : rdma_en1 (Thunderbolt, UC); with
+/// `access`, the recipe's remote access rights instead of the preset's.
+inline PreparedQp prepare_qp(FakeVerbs& f, bool rc, tbverbs::QpCapacities caps = {16, 16, 2, 2, 64},
+                             std::optional<tbverbs::Access> access = std::nullopt) {
   using namespace tbverbs;
   if (rc) f.device_names = {"mlx5_0"};
   auto ctx = Context::open(f.library(), rc ? "mlx5_0" : "rdma_en1");
@@ -40,14 +44,16 @@ inline PreparedQp prepare_qp(FakeVerbs& f, bool rc, tbverbs::QpCapacities caps =
   REQUIRE(sel);
   auto recipe = rc ? QpRecipe::rdma_core_rc(*sel) : QpRecipe::thunderbolt(*sel);
   recipe.capacities(caps);
+  if (access) recipe.access(*access);
   auto prep = recipe.prepare(*pd, *cq);
   REQUIRE(prep);
   return PreparedQp{std::move(*ctx), std::move(*pd), std::move(*cq), std::move(*prep)};
 }
 
 /// prepare_qp(), then connected to its own endpoint.
-inline ConnectedQp connect_qp(FakeVerbs& f, bool rc, tbverbs::QpCapacities caps = {16, 16, 2, 2, 64}) {
-  PreparedQp p = prepare_qp(f, rc, caps);
+inline ConnectedQp connect_qp(FakeVerbs& f, bool rc, tbverbs::QpCapacities caps = {16, 16, 2, 2, 64},
+                              std::optional<tbverbs::Access> access = std::nullopt) {
+  PreparedQp p = prepare_qp(f, rc, caps, access);
   const tbverbs::Endpoint self = p.prep.endpoint();
   auto qp = std::move(p.prep).connect(self);
   if (!qp) FAIL(qp.error().message());

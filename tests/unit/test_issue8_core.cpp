@@ -206,7 +206,10 @@ TEST_CASE("finding 3: a failed chain says how many were posted and which was not
 TEST_CASE("finding 4: typed work requests post every operation a backend needs, and refuse the rest",
           "[issue8][qp]") {
   FakeVerbs f;
-  auto c = connect(f, true);
+  // Every remote right granted, so READ and atomics are admitted (issue 18 finding 3: the RC
+  // preset grants remote write only, and admits no more).
+  auto c = fake::connect_qp(f, true, {16, 16, 2, 2, 64},
+                            Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic);
   static char buf[256];
   const auto base = reinterpret_cast<std::uintptr_t>(buf);
   abi::ibv_sge sge{base, 8, 1};
@@ -286,6 +289,45 @@ TEST_CASE("finding 4: Thunderbolt and UC refuse what they do not execute", "[iss
   STATIC_CHECK_FALSE(contains(uc, SendOp::rdma_read));
   STATIC_CHECK_FALSE(contains(uc, SendOp::atomic_fetch_and_add));
   STATIC_CHECK(contains(send_ops_for(QpType::rc, Platform::rdma_core, true), SendOp::atomic_cmp_and_swp));
+}
+
+TEST_CASE("issue 18 finding 3: an RC QP admits the one-sided operations its recipe's access grants, no more",
+          "[issue18][qp]") {
+  // The preset grants local and remote write: SEND and WRITE (with or without immediate) post;
+  // a READ or an atomic, which the peer's QP (the same recipe) would refuse at completion and put
+  // both QPs in ERR, is refused at post() with nothing sent.
+  static char buf[64];
+  abi::ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), 8, 1};
+  const RemoteBuffer peer{0x10000, 0x77};
+  {
+  FakeVerbs f; // one FakeVerbs at a time: its functions reach it through a global
+  auto c = connect(f, true);
+  CHECK(c.qp.rdma_write_allowed());
+  CHECK_FALSE(contains(c.qp.allowed_ops(), SendOp::rdma_read));
+  CHECK_FALSE(contains(c.qp.allowed_ops(), SendOp::atomic_fetch_and_add));
+  REQUIRE(c.qp.post(SendWr::rdma_write_with_imm(1, sge, peer, 7)));
+  const std::size_t before = f.posted_sends.size();
+  for (auto wr : {SendWr::rdma_read(2, sge, peer), SendWr::fetch_and_add(3, sge, peer, 1),
+                  SendWr::compare_and_swap(4, sge, peer, 1, 2)}) {
+    auto r = c.qp.post(wr);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().kind == ErrorKind::unsupported);
+    CHECK(r.error().posted == 0);
+    CHECK(r.error().message().find("QpRecipe::access") != std::string::npos);
+  }
+  CHECK(f.posted_sends.size() == before);
+  }
+  // Granting remote read admits READ, still no atomics.
+  FakeVerbs g;
+  auto r = fake::connect_qp(g, true, {16, 16, 2, 2, 64}, Access::local_write | Access::remote_write | Access::remote_read);
+  CHECK(contains(r.qp.allowed_ops(), SendOp::rdma_read));
+  CHECK_FALSE(contains(r.qp.allowed_ops(), SendOp::atomic_cmp_and_swp));
+  REQUIRE(r.qp.post(SendWr::rdma_read(5, sge, peer)));
+  // The rule itself.
+  STATIC_CHECK_FALSE(contains(send_ops_for(QpType::rc, Platform::rdma_core, true, Access::local_write), SendOp::rdma_write));
+  STATIC_CHECK(contains(send_ops_for(QpType::rc, Platform::rdma_core, true, Access::local_write), SendOp::send_with_imm));
+  STATIC_CHECK(contains(send_ops_for(QpType::rc, Platform::rdma_core, true, Access::remote_atomic), SendOp::atomic_fetch_and_add));
+  STATIC_CHECK_FALSE(contains(send_ops_for(QpType::rc, Platform::rdma_core, false, Access::remote_read), SendOp::rdma_read));
 }
 
 TEST_CASE("finding 6: closed and moved-from handles are safe", "[issue8][handles]") {

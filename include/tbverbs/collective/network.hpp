@@ -395,7 +395,7 @@ inline Result<void> Network::choose_transport() {
     const auto platform = p->context->platform();
     if (platform == Platform::apple) frame_pairing_ = true;
     const auto recipe = QpRecipe::for_platform(platform, *p->gid);
-    if (recipe.type() != QpType::rc || !contains(send_ops_for(recipe.type(), platform, true), SendOp::rdma_write_with_imm))
+    if (recipe.type() != QpType::rc || !contains(send_ops_for(recipe.type(), platform, true, recipe.access()), SendOp::rdma_write_with_imm))
       why_not = platform == Platform::apple
                     ? "Apple's Thunderbolt driver is UC and executes SEND only (RDMA WRITE is accepted but not executed)"
                     : p->name + " does not use RC";
