@@ -517,9 +517,10 @@ int run_rank(const Options& o) {
       }
     };
     const std::string what = cname + " (" + human(bytes) + " " + std::string(tbverbs::dtype_name(t)) + ", " + algorithm_of(bytes) + ")";
-    // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check),
-    //    a barrier of every rank before the first send.
-    if (!in_place) std::memset(out, 0xff, out_elems * es);
+    // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check:
+    //    in place too for all_gather, whose other blocks the previous run left correct), a
+    //    barrier of every rank before the first send.
+    if (!in_place || kind == Collective::all_gather) std::memset(out, 0xff, out_elems * es);
     switch (kind) {
     case Collective::all_gather: fill(pat, rank, 0, in, block); break;
     case Collective::broadcast:
