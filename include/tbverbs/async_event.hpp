@@ -8,6 +8,7 @@
 #include "detail/abi.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -59,7 +60,10 @@ public:
   /// The event from the driver's record (`raw` is the verbs struct); `device` names the context.
   static AsyncEvent from_native(const detail::abi::ibv_async_event& raw, std::string_view device) noexcept {
     AsyncEvent e;
-    e.raw_type_ = static_cast<int>(raw.event_type);
+    // The type's bytes as an int, not a load of the enum: a driver newer than these headers may
+    // report a value outside the enumeration's range, which must not be read as ibv_event_type.
+    static_assert(sizeof raw.event_type == sizeof(int), "ibv_event_type is an int-sized enum");
+    std::memcpy(&e.raw_type_, &raw.event_type, sizeof(int));
     e.type_ = e.raw_type_ >= 0 && e.raw_type_ < static_cast<int>(AsyncEventType::unknown)
                   ? static_cast<AsyncEventType>(e.raw_type_)
                   : AsyncEventType::unknown;
