@@ -3,8 +3,10 @@
 #
 #   1. installs the Debian packages the build and the tests need (tools/install-deps.sh);
 #   2. configures, builds and runs the whole ctest suite with the `dev` preset;
-#   3. does the same with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer) and the
-#      `tsan` preset (ThreadSanitizer, over the unit, emulator and emulated tests);
+#   3. does the same with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer; without
+#      the compile, consumer, packaging and printing checks, which compile and configure but run no
+#      instrumented code: the dev preset runs them) and the `tsan` preset (ThreadSanitizer, over the
+#      unit, emulator and emulated tests, without the `large` ones that move tens of MiB per rank);
 #   4. prints each preset's ctest summary and exits non-zero if anything failed.
 #
 # Environment: TBVERBS_TEST_PRESETS (default "dev asan tsan"), TBVERBS_JOBS (default: number of CPUs),
