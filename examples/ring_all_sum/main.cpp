@@ -60,16 +60,6 @@ std::optional<std::string> env_of(std::initializer_list<const char*> names) {
   return std::nullopt;
 }
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::sum: return "sum";
-  case ReduceOp::prod: return "prod";
-  case ReduceOp::min: return "min";
-  case ReduceOp::max: return "max";
-  }
-  return "?";
-}
-
 // ---------------------------------------------------------------------------------------------
 // The closed-form inputs. Element i of rank r's vector (i counts over the whole vector: all_reduce's,
 // all_gather's output, reduce_scatter's input):
@@ -486,7 +476,7 @@ int run_rank(const Options& o) {
     std::uint64_t wrong = 0;
   };
   const std::string cname(tbverbs::collective::collective_name(kind));
-  const char* redop = reduces ? op_name(op) : "none";
+  const char* redop = reduces ? tbverbs::reduce_op_name(op).data() : "none"; // its names are string literals
   // The algorithm a run takes, from the bytes of one rank's block (the whole vector for all_reduce).
   auto algorithm_of = [&](std::size_t bytes) {
     return std::string(tbverbs::collective::algorithm_name(comm->algorithm_for(kind, blocks ? bytes / static_cast<std::size_t>(n) : bytes)));

@@ -76,6 +76,7 @@ TEST_CASE("async events: no event means a timeout at the deadline, not before an
   REQUIRE_FALSE(ev);
   CHECK(ev.error().kind == ErrorKind::timeout);
   CHECK(ev.error().step == Step::get_async_event);
+  CHECK(ev.error().diagnosis() != nullptr);
   CHECK(took >= 60ms);
   CHECK(took < 1s);
   // A deadline already past still takes a pending event.
@@ -98,6 +99,7 @@ TEST_CASE("async events: a library without ibv_get_async_event says so", "[async
   auto ev = ctx->wait_async_event(10ms);
   REQUIRE_FALSE(ev);
   CHECK(ev.error().kind == ErrorKind::unsupported);
+  CHECK(ev.error().diagnosis() != nullptr);
   CHECK(ev.error().message().find("ibv_get_async_event") != std::string::npos);
 }
 
