@@ -6,7 +6,10 @@
 #   3. does the same with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer; without
 #      the compile, consumer, packaging and printing checks, which compile and configure but run no
 #      instrumented code: the dev preset runs them) and the `tsan` preset (ThreadSanitizer, over the
-#      unit, emulator and emulated tests, without the `large` ones that move tens of MiB per rank);
+#      unit, emulator and emulated tests, without the printing checks and the `large` ones that move
+#      tens of MiB per rank). Sanitized builds leave out what would only repeat the dev preset: the
+#      per-header compile check, the fuzz harnesses (they carry their own sanitizers), the
+#      torch.distributed backend and the paced timing tests (whose figures mean nothing there);
 #   4. prints each preset's ctest summary and exits non-zero if anything failed.
 #
 # Environment: TBVERBS_TEST_PRESETS (default "dev asan tsan"), TBVERBS_JOBS (default: number of CPUs),
