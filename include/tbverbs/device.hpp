@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,11 +30,20 @@ struct FreeDeviceList {
 };
 } // namespace detail
 
-/// The provider family of one device: Apple's Thunderbolt devices are named `rdma_enN`
-/// (the emulator's Thunderbolt profile uses the same names), everything else is rdma-core.
-inline Platform platform_of_device(std::string_view name, Platform library_platform) noexcept {
-  if (name.substr(0, 7) == "rdma_en") return Platform::apple;
-  return library_platform == Platform::any ? Platform::rdma_core : library_platform;
+/// The transport type Apple's Thunderbolt driver reports for its devices, and the link layer of
+/// their ports: 100, which `ibv_devinfo` prints as "Thunderbolt (100)" (TN3205; the output quoted
+/// in mlx PR #4191; docs/field-reports.md). No rdma-core transport or link layer has this value.
+inline constexpr int thunderbolt_transport = 100;
+
+/// The provider family of one device, decided by what the device is, never by its name: Apple's
+/// when it reports the Thunderbolt transport (thunderbolt_transport) or comes from Apple's library
+/// (`librdma.dylib`, whose devices are all Thunderbolt); rdma-core otherwise. An rdma-core device may
+/// be called `rdma_en1` (udev and the emulator's fabric files name devices freely) and is still an
+/// RC-capable NIC; the emulator's Thunderbolt profile reports transport 100 whatever it names a device.
+/// `transport_type` is the raw `ibv_device::transport_type` (Device::transport_type()).
+constexpr Platform platform_of_device(int transport_type, Platform library_platform) noexcept {
+  if (transport_type == thunderbolt_transport || library_platform == Platform::apple) return Platform::apple;
+  return Platform::rdma_core;
 }
 
 /// Usable UC queue pairs per device on Apple's Thunderbolt driver (TN3205: "10 per device"; the
@@ -69,8 +79,18 @@ public:
     for (int i = 0; i < 8; ++i) host = (host << 8) | b[i];
     return host;
   }
-  /// The provider family of this device.
-  Platform platform() const noexcept { return platform_of_device(name(), api_->platform); }
+  /// The raw `ibv_device::transport_type`: 0 for InfiniBand (RoCE included), 1 iWARP, 100
+  /// (thunderbolt_transport) on Apple's Thunderbolt driver. Read as bytes, not as the enum: 100 is
+  /// outside the range of rdma-core's `ibv_transport_type`.
+  int transport_type() const noexcept {
+    int t = 0;
+    static_assert(sizeof(dev_->transport_type) == sizeof(t));
+    std::memcpy(&t, &dev_->transport_type, sizeof(t));
+    return t;
+  }
+  /// The provider family of this device (platform_of_device: by its transport and library, not its
+  /// name).
+  Platform platform() const noexcept { return platform_of_device(transport_type(), api_->platform); }
   /// The raw `ibv_device*`.
   abi::ibv_device* native_handle() const noexcept { return dev_; }
 
@@ -124,7 +144,14 @@ public:
     Error e = Error::make(Step::open_device, ErrorKind::device_not_found,
                           std::string(name) + " not found; " + std::to_string(devices_.size()) +
                               " available: " + names());
-    return fail(e.on(name).from(platform_of_device(name, api_->platform)));
+    return fail(e.on(name).from(platform()));
+  }
+  /// The provider family of the listed devices, for errors about a device that is not among them:
+  /// Apple's when any listed device is a Thunderbolt device (or the library is Apple's).
+  Platform platform() const noexcept {
+    for (const Device& d : devices_)
+      if (d.platform() == Platform::apple) return Platform::apple;
+    return platform_of_device(0, api_->platform);
   }
   /// The device names, comma-separated.
   std::string names() const {

@@ -346,25 +346,52 @@ inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<Work
   }
 }
 
-/// "Receives posted" barrier on every link of `links` at once: tells each peer, then waits for
-/// each peer's word (sending all before waiting for any, so a ring cannot wait on itself).
-/// `epoch` numbers successive barriers (start at 1, the same on both ends). Errors: the side
-/// channel's (peer_lost, timeout, an abort), naming the link.
-[[nodiscard]] inline Result<void> receives_posted(LinkMailbox& mailbox, std::span<Link> links, std::uint32_t epoch,
-                                                  SideChannelDeadline deadline) {
+/// wait_any over the links as connect_links() returned them (a span of Link, the type
+/// receives_posted() takes too); `which` indexes `links`. Allocates nothing.
+[[nodiscard]] inline Result<std::size_t> wait_any(std::span<Link> links, std::span<WorkCompletion> out,
+                                                  std::size_t& which, SideChannelDeadline deadline) {
+  Link* pointers[16];
+  if (links.size() > std::size(pointers))
+    return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "wait_any takes 1 to 16 links"));
+  for (std::size_t i = 0; i < links.size(); ++i) pointers[i] = &links[i];
+  return wait_any(std::span<Link* const>(pointers, links.size()), out, which, deadline);
+}
+
+namespace detail {
+/// The barrier of receives_posted() over any range of links (`at(i)` gives the i-th Link).
+template <class At>
+Result<void> receives_posted_on(LinkMailbox& mailbox, std::size_t count, At at, std::uint32_t epoch,
+                                SideChannelDeadline deadline) {
   const std::uint32_t tag = 0x80000000u | epoch;
   auto named = [](Error e, const Link& l) {
     std::string d = "link " + std::to_string(l.id()) + " to rank " + std::to_string(l.peer());
     if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
     return e.with_detail(d);
   };
-  for (const Link& l : links)
-    if (auto s = mailbox.send(l.peer(), LinkMailbox::Type::posted, l.id(), tag, {}, deadline); !s)
-      return fail(named(s.error(), l));
-  for (const Link& l : links)
-    if (auto r = mailbox.recv(l.peer(), LinkMailbox::Type::posted, l.id(), tag, deadline); !r)
-      return fail(named(r.error(), l));
+  for (std::size_t i = 0; i < count; ++i)
+    if (auto s = mailbox.send(at(i).peer(), LinkMailbox::Type::posted, at(i).id(), tag, {}, deadline); !s)
+      return fail(named(s.error(), at(i)));
+  for (std::size_t i = 0; i < count; ++i)
+    if (auto r = mailbox.recv(at(i).peer(), LinkMailbox::Type::posted, at(i).id(), tag, deadline); !r)
+      return fail(named(r.error(), at(i)));
   return {};
+}
+} // namespace detail
+
+/// "Receives posted" barrier on every link of `links` at once: tells each peer, then waits for
+/// each peer's word (sending all before waiting for any, so a ring cannot wait on itself).
+/// `epoch` numbers successive barriers (start at 1, the same on both ends). Errors: the side
+/// channel's (peer_lost, timeout, an abort), naming the link.
+[[nodiscard]] inline Result<void> receives_posted(LinkMailbox& mailbox, std::span<Link> links, std::uint32_t epoch,
+                                                  SideChannelDeadline deadline) {
+  return detail::receives_posted_on(mailbox, links.size(), [&](std::size_t i) -> const Link& { return links[i]; },
+                                    epoch, deadline);
+}
+/// The same barrier over links held by pointer (the span type wait_any() takes).
+[[nodiscard]] inline Result<void> receives_posted(LinkMailbox& mailbox, std::span<Link* const> links,
+                                                  std::uint32_t epoch, SideChannelDeadline deadline) {
+  return detail::receives_posted_on(mailbox, links.size(), [&](std::size_t i) -> const Link& { return *links[i]; },
+                                    epoch, deadline);
 }
 
 namespace detail {

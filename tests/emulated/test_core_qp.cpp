@@ -2,6 +2,8 @@
 // (UC only, 10 QPs per device, port down, SEND/RECV only on Thunderbolt), deadlines and checks.
 #include "emu_fixture.hpp"
 
+#include <tbverbs/budget.hpp>
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -179,6 +181,58 @@ TEST_CASE("core/qp: RC is refused on Thunderbolt at create_qp with EOPNOTSUPP an
   // for_platform picks UC here, which works.
   CHECK(tbverbs::QpRecipe::for_platform(a.ctx.platform(), a.select()).type() == tbverbs::QpType::uc);
   ok(tbverbs::QpRecipe::for_platform(a.ctx.platform(), a.select()).prepare(a.pd, a.cq));
+}
+
+TEST_CASE("core/platform: a device's platform is its transport, not its name (issue 18, finding 1)", "[core][qp]") {
+  SECTION("an rdma-core RC NIC called rdma_en1 is rdma-core: RC, RDMA WRITE, depths in work requests") {
+    Fabric fabric({"nodeA", "rdma_en1", "10.0.0.1/24"}, {"nodeB", "rdma_en1", "10.0.0.2/24"}, "rdma-core-rc");
+    fabric.use("nodeA");
+    const auto list = ok(tbverbs::DeviceList::get(emulator()));
+    const tbverbs::Device dev = ok(list.find("rdma_en1"));
+    CHECK(dev.transport_type() != tbverbs::thunderbolt_transport);
+    CHECK(dev.platform() == tbverbs::Platform::rdma_core);
+    CHECK(list.platform() == tbverbs::Platform::rdma_core);
+    Side a = Side::open(fabric, fabric.a());
+    Side b = Side::open(fabric, fabric.b(), tbverbs::Access::local_write | tbverbs::Access::remote_write);
+    CHECK(a.ctx.platform() == tbverbs::Platform::rdma_core);
+    const auto limits = ok(tbverbs::DeviceLimits::of(a.ctx));
+    CHECK_FALSE(limits.frames);
+    CHECK(limits.qps > tbverbs::apple_usable_qps);
+    const auto recipe = tbverbs::QpRecipe::for_platform(a.ctx.platform(), a.select());
+    CHECK(recipe.type() == tbverbs::QpType::rc);
+    Pair p = connect(a, b, [](const tbverbs::GidSelection& s) {
+      return tbverbs::QpRecipe::for_platform(tbverbs::Platform::rdma_core, s);
+    });
+    REQUIRE(p.a.rdma_write_allowed());
+    for (int i = 0; i < 512; ++i) a.mr.data()[i] = static_cast<std::byte>(i * 7 + 3);
+    ok(p.a.rdma_write(7, ok(a.mr.sge(0, 512)), reinterpret_cast<std::uintptr_t>(b.mr.data()), b.mr.rkey()));
+    CHECK(wait_one(a.cq).wr_id() == 7);
+    CHECK(std::memcmp(b.mr.data(), a.mr.data(), 512) == 0);
+  }
+  SECTION("a Thunderbolt device by any other name is Apple's: UC, 10 QPs, depths in 4 KiB frames") {
+    Fabric fabric({"hostA", "tb0", "10.99.0.1/30"}, {"hostB", "tb0", "10.99.0.2/30"});
+    fabric.use("hostA");
+    const auto list = ok(tbverbs::DeviceList::get(emulator()));
+    const tbverbs::Device dev = ok(list.find("tb0"));
+    CHECK(dev.transport_type() == tbverbs::thunderbolt_transport);
+    CHECK(dev.platform() == tbverbs::Platform::apple);
+    // A device that is not there is diagnosed for the platform of those that are.
+    const tbverbs::Error missing = err(list.find("rdma_en9"));
+    CHECK(missing.platform == tbverbs::Platform::apple);
+    Side a = Side::open(fabric, fabric.a());
+    CHECK(a.ctx.platform() == tbverbs::Platform::apple);
+    const auto limits = ok(tbverbs::DeviceLimits::of(a.ctx));
+    CHECK(limits.frames);
+    CHECK(limits.qps == tbverbs::apple_usable_qps);
+    CHECK(tbverbs::QpRecipe::for_platform(a.ctx.platform(), a.select()).type() == tbverbs::QpType::uc);
+  }
+  SECTION("the rule itself: transport 100 or Apple's library") {
+    using tbverbs::Platform;
+    STATIC_CHECK(tbverbs::platform_of_device(tbverbs::thunderbolt_transport, Platform::rdma_core) == Platform::apple);
+    STATIC_CHECK(tbverbs::platform_of_device(0, Platform::apple) == Platform::apple);
+    STATIC_CHECK(tbverbs::platform_of_device(0, Platform::rdma_core) == Platform::rdma_core);
+    STATIC_CHECK(tbverbs::platform_of_device(1, Platform::any) == Platform::rdma_core);
+  }
 }
 
 TEST_CASE("core/qp: the 11th QP on a Thunderbolt device is EBUSY with the QP-cap diagnosis", "[core][qp]") {

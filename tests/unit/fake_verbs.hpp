@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ inline FakeVerbs* current = nullptr;
 struct FakeVerbs {
   // Devices and ports.
   std::vector<std::string> device_names{"rdma_en1", "rdma_en2"};
+  // The devices' ibv_device::transport_type. Unset: as the real drivers report it, Thunderbolt
+  // (100) for Apple's rdma_enN names, InfiniBand (0) for the rest; set, for every device (the
+  // library decides the platform by this value, not by the name).
+  std::optional<int> transport_type;
   int list_errno = 0;                        // with no devices: errno left by get_device_list
   int port_state = abi::IBV_PORT_ACTIVE;
   std::vector<tbverbs::Gid> gids;            // the GID table (length = gids.size())
@@ -96,6 +101,9 @@ inline abi::ibv_device** f_get_device_list(int* n) {
   f.list.clear();
   for (std::size_t i = 0; i < f.devices.size(); ++i) {
     std::strncpy(f.devices[i].name, f.device_names[i].c_str(), sizeof f.devices[i].name - 1);
+    const int transport = f.transport_type.value_or(
+        f.device_names[i].rfind("rdma_en", 0) == 0 ? tbverbs::thunderbolt_transport : 0);
+    std::memcpy(&f.devices[i].transport_type, &transport, sizeof transport);
     f.list.push_back(&f.devices[i]);
   }
   f.list.push_back(nullptr);

@@ -3,6 +3,7 @@
 // tables; each failed before its fix.
 #include "fake_qp.hpp"
 
+#include <tbverbs/budget.hpp>
 #include <tbverbs/explain.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -23,6 +24,40 @@ using Prepared = fake::PreparedQp;
 Prepared prepare_rc(FakeVerbs& f, QpCapacities caps = {16, 16, 2, 2, 64}) { return fake::prepare_qp(f, true, caps); }
 
 } // namespace
+
+TEST_CASE("finding 1 (issue 18): the platform comes from the device's transport and the library, not its name",
+          "[issue18]") {
+  FakeVerbs f;
+  // An rdma-core NIC that udev named rdma_en1: rdma-core, so RC and depths in work requests.
+  f.device_names = {"rdma_en1"};
+  f.transport_type = 0; // IBV_TRANSPORT_IB
+  {
+    auto ctx = Context::open(f.library(), "rdma_en1");
+    REQUIRE(ctx);
+    CHECK(ctx->platform() == Platform::rdma_core); // was apple: any rdma_en* was taken for Thunderbolt
+    auto limits = DeviceLimits::of(*ctx);
+    REQUIRE(limits);
+    CHECK_FALSE(limits->frames);
+  }
+  // A Thunderbolt device under another name: Apple's.
+  f.device_names = {"tb0"};
+  f.transport_type = thunderbolt_transport;
+  {
+    auto list = DeviceList::get(f.library());
+    REQUIRE(list);
+    CHECK(list->devices().front().transport_type() == thunderbolt_transport);
+    CHECK(list->devices().front().platform() == Platform::apple);
+    auto missing = list->find("mlx5_9");
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().platform == Platform::apple); // diagnosed for the devices that are there
+    auto ctx = Context::open(f.library(), "tb0");
+    REQUIRE(ctx);
+    CHECK(ctx->platform() == Platform::apple);
+    auto limits = DeviceLimits::of(*ctx);
+    REQUIRE(limits);
+    CHECK(limits->frames);
+  }
+}
 
 TEST_CASE("finding 2 (issue 18): a send chain refused before the driver reports 0 posted, not a driver failure",
           "[issue18][qp]") {
