@@ -5,9 +5,13 @@
 
 #include <tbverbs/budget.hpp>
 #include <tbverbs/explain.hpp>
+#include <tbverbs/link.hpp>
+#include <tbverbs/side_channel.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <chrono>
+#include <future>
 #include <string>
 #include <utility>
 #include <vector>
@@ -212,4 +216,127 @@ TEST_CASE("finding 5 (issue 18): rtr_transition refuses a GID index above 255 in
   auto ok = QpRecipe::rdma_core_rc(*sel255).rtr_transition(peer);
   REQUIRE(ok);
   CHECK(ok->attr.ah_attr.grh.sgid_index == 255);
+}
+
+TEST_CASE("finding 8 (issue 18): qp_state_name names every state, and a value it does not know", "[issue18]") {
+  CHECK(std::string(qp_state_name(QpState::reset)) == "IBV_QPS_RESET");
+  CHECK(std::string(qp_state_name(QpState::init)) == "IBV_QPS_INIT");
+  CHECK(std::string(qp_state_name(QpState::rtr)) == "IBV_QPS_RTR");
+  CHECK(std::string(qp_state_name(QpState::rts)) == "IBV_QPS_RTS");
+  CHECK(std::string(qp_state_name(QpState::sqd)) == "IBV_QPS_SQD");
+  CHECK(std::string(qp_state_name(QpState::sqe)) == "IBV_QPS_SQE");
+  CHECK(std::string(qp_state_name(QpState::error)) == "IBV_QPS_ERR");
+  CHECK(std::string(qp_state_name(QpState::unknown)) == "IBV_QPS_UNKNOWN");
+  CHECK(std::string(qp_state_name(static_cast<QpState>(42))) == "IBV_QPS_UNKNOWN");
+}
+
+TEST_CASE("finding 8 (issue 18): fixed_psn is the PSN the endpoint advertises and RTS sends from, masked to 24 bits",
+          "[issue18]") {
+  FakeVerbs f;
+  f.device_names = {"mlx5_0"};
+  auto ctx = Context::open(f.library(), "mlx5_0");
+  REQUIRE(ctx);
+  auto pd = ctx->alloc_pd();
+  REQUIRE(pd);
+  auto cq = ctx->create_cq(64, CqWait::poll);
+  REQUIRE(cq);
+  auto sel = ctx->gid_table(1)->first_ipv4_mapped();
+  REQUIRE(sel);
+  auto recipe = QpRecipe::rdma_core_rc(*sel).fixed_psn(0x7abcdef);
+  CHECK(recipe.initial_psn() == 0xabcdef); // the 0x7000000 above 24 bits is dropped
+  auto a = recipe.prepare(*pd, *cq);
+  auto b = recipe.prepare(*pd, *cq);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->endpoint().psn == 0xabcdef);
+  CHECK(b->endpoint().psn == 0xabcdef); // fixed: the same for every QP of the recipe
+  Endpoint peer = b->endpoint();
+  peer.psn = 0x123456;
+  f.modify_attrs.clear();
+  auto qp = std::move(*a).connect(peer);
+  REQUIRE(qp);
+  bool saw_rtr = false, saw_rts = false;
+  for (const auto& m : f.modify_attrs) {
+    if (m.qp_state == abi::IBV_QPS_RTR) {
+      saw_rtr = true;
+      CHECK(m.rq_psn == 0x123456); // the peer's
+    }
+    if (m.qp_state == abi::IBV_QPS_RTS) {
+      saw_rts = true;
+      CHECK(m.sq_psn == 0xabcdef); // ours
+    }
+  }
+  CHECK(saw_rtr);
+  CHECK(saw_rts);
+  // Without fixed_psn every QP gets a fresh one.
+  auto c = QpRecipe::rdma_core_rc(*sel).prepare(*pd, *cq);
+  auto d = QpRecipe::rdma_core_rc(*sel).prepare(*pd, *cq);
+  REQUIRE(c);
+  REQUIRE(d);
+  CHECK(c->endpoint().psn <= 0xffffff);
+  CHECK(c->endpoint().psn != d->endpoint().psn);
+}
+
+TEST_CASE("finding 8 (issue 18): wait_with_liveness returns completions, names a silent peer at the deadline, and a "
+          "lost one at once",
+          "[issue18][side_channel]") {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  FakeVerbs f;
+  auto ctx = Context::open(f.library(), "rdma_en1");
+  REQUIRE(ctx);
+  auto cq = ctx->create_cq(16, CqWait::poll);
+  REQUIRE(cq);
+
+  // Two ranks of one side channel in this process: rank 0 listens, rank 1 connects in a thread.
+  auto options = [](int rank, std::uint16_t port) {
+    SideChannelOptions o;
+    o.rank = rank;
+    o.size = 2;
+    o.coordinator = "127.0.0.1:" + std::to_string(port);
+    o.job_token = 0x18f8;
+    o.timeout = 5s;
+    return o;
+  };
+  std::promise<std::uint16_t> listening;
+  auto port = listening.get_future();
+  SideChannelOptions o0 = options(0, 0);
+  o0.on_listening = [&](std::uint16_t p) { listening.set_value(p); };
+  auto root = std::async(std::launch::async, [o0] { return SideChannel::connect(o0); });
+  REQUIRE(port.wait_for(5s) == std::future_status::ready);
+  auto one = SideChannel::connect(options(1, port.get()));
+  auto zero = root.get();
+  REQUIRE(one);
+  REQUIRE(zero);
+
+  WorkCompletion wc[4];
+  // A completion waiting: returned, the peer not even asked.
+  abi::ibv_wc done{};
+  done.wr_id = 5;
+  done.status = abi::IBV_WC_SUCCESS;
+  done.opcode = abi::IBV_WC_RECV;
+  f.completions.push_back(done);
+  auto got = wait_with_liveness(*cq, wc, *zero, 1, Clock::now() + 1s, Step::link_warmup, "the warm-up");
+  REQUIRE(got);
+  CHECK(*got == 1);
+  CHECK(wc[0].wr_id() == 5);
+
+  // Nothing comes and the peer is alive: timeout at the caller's step, saying what it waited for.
+  const auto t0 = Clock::now();
+  auto silent = wait_with_liveness(*cq, wc, *zero, 1, t0 + 100ms, Step::link_warmup, "the warm-up", 20ms);
+  const auto took = Clock::now() - t0;
+  REQUIRE_FALSE(silent);
+  CHECK(silent.error().is(ErrorKind::timeout));
+  CHECK(silent.error().step == Step::link_warmup);
+  CHECK(contains_text(std::string(silent.error().detail.view()), "waiting for the warm-up"));
+  CHECK(took >= 100ms);
+  CHECK(took < 2s);
+
+  // The peer goes away: peer_lost within a few intervals, long before the deadline.
+  one->close();
+  const auto t1 = Clock::now();
+  auto lost = wait_with_liveness(*cq, wc, *zero, -1, t1 + 10s, Step::link_warmup, "the warm-up", 20ms);
+  REQUIRE_FALSE(lost);
+  CHECK(lost.error().is(ErrorKind::peer_lost));
+  CHECK(Clock::now() - t1 < 3s);
 }
