@@ -354,9 +354,7 @@ private:
   Result<void> modify_state(QpState to, Step step) noexcept {
     abi::ibv_qp_attr attr{};
     attr.qp_state = static_cast<abi::ibv_qp_state>(to);
-    const int rc = info_ != nullptr && info_->ops.modify_qp != nullptr && qp_.live()
-                       ? info_->ops.modify_qp(qp_.get(), &attr, abi::IBV_QP_STATE)
-                       : EBADF;
+    const int rc = info_ != nullptr && qp_.live() ? info_->modify_qp(qp_.get(), attr, abi::IBV_QP_STATE) : EBADF;
     if (rc != 0) return fail(state_failed(step, rc));
     return {};
   }

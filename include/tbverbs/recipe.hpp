@@ -59,6 +59,17 @@ inline std::uint32_t fresh_psn() noexcept {
   const std::uint32_t n = counter.fetch_add(1, Order::relaxed);
   return (seed + n * 0x1001u) & 0xffffffu;
 }
+
+/// Applies one transition of a QP made for `gid` (ContextInfo::modify_qp); a failure is the verb's
+/// return value at `step`, stamped with the device, port and GID index.
+inline Result<void> transition(const ContextInfo& info, abi::ibv_qp* qp, QpTransition t, Step step,
+                               const GidSelection& gid) noexcept {
+  if (const int rc = info.modify_qp(qp, t.attr, t.mask); rc != 0) {
+    Error e = Error::from_return(step, rc);
+    return fail(info.stamp(e, gid.port(), gid.index()));
+  }
+  return {};
+}
 } // namespace detail
 
 /// Everything about a queue pair that both sides must agree on, and the GID it is built around.
@@ -373,10 +384,8 @@ public:
     if (auto r = sel.revalidate(); !r) return fail(r.error());
 
     auto step = [&](Step s, const QpTransition& t) -> Result<void> {
-      QpTransition copy = recipe_.edited(s, t);
-      if (const int rc = info_->api->modify_qp(owned_.get(), &copy.attr, copy.mask); rc != 0) {
-        Error e = Error::from_return(s, rc);
-        info_->stamp(e, sel.port(), sel.index());
+      if (auto r = detail::transition(*info_, owned_.get(), recipe_.edited(s, t), s, sel); !r) {
+        Error e = r.error();
         std::string d = "local GID " + sel.gid().to_string() + " -> remote GID " + remote.gid.to_string() +
                         ", remote QP " + std::to_string(remote.qp_num);
         if (sel.type() != GidType::unknown)
@@ -422,19 +431,12 @@ private:
   friend class QueuePair;
   // RESET, then INIT again (with the recipe's hook): what a failed RTS and QueuePair::reset need.
   Result<void> reinit() noexcept {
-    const detail::ControlOps& ops = info_->ops;
-    abi::ibv_qp_attr reset_attr{};
-    reset_attr.qp_state = abi::IBV_QPS_RESET;
-    if (const int rc = ops.modify_qp(owned_.get(), &reset_attr, abi::IBV_QP_STATE); rc != 0) {
-      Error e = Error::from_return(Step::modify_qp_reset, rc);
-      return fail(info_->stamp(e, recipe_.gid().port(), recipe_.gid().index()));
-    }
-    QpTransition t = recipe_.edited(Step::modify_qp_init, recipe_.init_transition());
-    if (const int rc = ops.modify_qp(owned_.get(), &t.attr, t.mask); rc != 0) {
-      Error e = Error::from_return(Step::modify_qp_init, rc);
-      return fail(info_->stamp(e, recipe_.gid().port(), recipe_.gid().index()));
-    }
-    return {};
+    QpTransition reset;
+    reset.attr.qp_state = abi::IBV_QPS_RESET;
+    reset.mask = abi::IBV_QP_STATE;
+    if (auto r = detail::transition(*info_, owned_.get(), reset, Step::modify_qp_reset, recipe_.gid()); !r) return r;
+    return detail::transition(*info_, owned_.get(), recipe_.edited(Step::modify_qp_init, recipe_.init_transition()),
+                              Step::modify_qp_init, recipe_.gid());
   }
   PreparedQueuePair(detail::Owned<abi::ibv_qp> qp, detail::Ref<detail::ContextInfo> info, QpRecipe recipe,
                     QpCapacities caps, Endpoint local)
@@ -490,11 +492,9 @@ inline Result<PreparedQueuePair> QpRecipe::prepare(const ProtectionDomain& pd, c
                qinit.cap.max_inline_data};
   }
 
-  QpTransition t = edited(Step::modify_qp_init, init_transition());
-  if (const int rc = api.modify_qp(qp, &t.attr, t.mask); rc != 0) {
-    Error e = Error::from_return(Step::modify_qp_init, rc);
-    return fail(info->stamp(e, gid_.port(), gid_.index()));
-  }
+  if (auto r = detail::transition(*info, qp, edited(Step::modify_qp_init, init_transition()), Step::modify_qp_init, gid_);
+      !r)
+    return fail(r.error());
   abi::ibv_port_attr port{};
   const std::uint16_t lid = api.query_port(qp->context, gid_.port(), &port) == 0 ? port.lid : 0;
   const std::uint32_t psn = initial_psn();

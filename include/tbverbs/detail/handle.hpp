@@ -45,6 +45,12 @@ struct ContextInfo final : RefCounted {
   Error& stamp(Error& e, int port = 0, int gid_index = -1) const noexcept {
     return e.on(device.view(), port, gid_index).from(platform);
   }
+  /// `ibv_modify_qp`: the one call every state change of a QP makes (prepare's INIT, connect's
+  /// RTR and RTS, the RESET of a retry or QueuePair::reset, modify_to_error). Returns the verb's
+  /// value, or EBADF without calling it when there is no QP (moved from, closed).
+  int modify_qp(abi::ibv_qp* qp, abi::ibv_qp_attr& attr, int mask) const noexcept {
+    return qp != nullptr && ops.modify_qp != nullptr ? ops.modify_qp(qp, &attr, mask) : EBADF;
+  }
 };
 
 /// Inert stand-ins for a closed or moved-from CompletionQueue/QueuePair: their context's ops table
