@@ -229,6 +229,10 @@ private:
 [[nodiscard]] inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<WorkCompletion> out,
                                                   std::size_t& which, SideChannelDeadline deadline);
 
+namespace detail {
+class LinkSetup; // connect_links()'s steps
+} // namespace detail
+
 /// A connected, verified queue pair to one peer rank, with its own completion queue.
 ///
 /// After connect_links() nothing is posted on it and its CQ is empty. Post receives, then call
@@ -274,7 +278,7 @@ public:
   }
 
 private:
-  friend Result<std::vector<Link>> connect_links(LinkMailbox&, std::span<const LinkSpec>, const LinkOptions&);
+  friend class detail::LinkSetup;
   Link(int peer, std::uint32_t id, GidSelection gid) : peer_(peer), id_(id), gid_(std::move(gid)) {}
 
   friend Result<std::size_t> wait_any(std::span<Link* const>, std::span<WorkCompletion>, std::size_t&,
@@ -404,18 +408,297 @@ inline std::uint32_t warmup_word(std::size_t i, std::uint32_t id, std::uint32_t 
 }
 } // namespace detail
 
-inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
-                                               const LinkOptions& options) {
+namespace detail {
+/// connect_links() as named steps: the checks and registrations before any QP, then rounds of
+/// fresh QPs, endpoints, receives, the barrier, the tagged warm-up messages and the outcomes,
+/// until every link went through both ways or one gave up.
+///
+/// Warm-up messages of one link: a one-frame probe and, when the link is to carry more, a
+/// full-size message. wr_ids: receives 1 (probe) and 3 (full), sends 2 (probe) and 4 (full).
+/// Buffer of a link: [send: full | receive: probe frame | receive: full].
+class LinkSetup {
+public:
   using clock = std::chrono::steady_clock;
-  SideChannel& sc = mailbox.channel();
-  const int me = sc.rank();
-  const std::size_t n = specs.size();
-  if (options.attempts <= 0)
-    return fail(Error::make(Step::link_warmup, ErrorKind::invalid_argument, "no attempts allowed"));
 
-  // Warm-up messages of one link: a one-frame probe and, when the link is to carry more, a
-  // full-size message. wr_ids: receives 1 (probe) and 3 (full), sends 2 (probe) and 4 (full).
-  // Buffer of a link: [send: full | receive: probe frame | receive: full].
+  LinkSetup(LinkMailbox& mailbox, std::span<const LinkSpec> specs, const LinkOptions& options)
+      : mailbox_(mailbox), sc_(mailbox.channel()), specs_(specs), options_(options), me_(sc_.rank()),
+        st_(specs.size()) {}
+
+  /// Checks of the specs, and every registration, before any QP exists: all anchors register
+  /// before the QP transitions (TN3205's sample before creating the QP), and Anemll's `Bad
+  /// address` on post_recv was fixed partly by registering earlier (docs/field-reports.md 4b).
+  Result<void> check_and_register() {
+    if (options_.attempts <= 0)
+      return fail(Error::make(Step::link_warmup, ErrorKind::invalid_argument, "no attempts allowed"));
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      const LinkSpec& s = specs_[i];
+      if (s.context == nullptr || s.pd == nullptr || !s.recipe || s.peer < 0 || s.peer == me_ || s.peer >= sc_.size())
+        return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
+                                name(i) + ": a LinkSpec needs a context, a PD, a recipe and another rank as peer"));
+      for (std::size_t j = 0; j < i; ++j)
+        if (specs_[j].peer == s.peer && specs_[j].id == s.id)
+          return fail(Error::make(Step::configure, ErrorKind::invalid_argument, name(i) + " is listed twice"));
+      auto dev = s.context->query_device();
+      if (!dev) return fail(with_link(dev.error(), i));
+      auto port = s.context->query_port(s.recipe->gid().port());
+      if (!port) return fail(with_link(port.error(), i));
+      State& st = st_[i];
+      st.port = *port;
+      const std::size_t wanted = std::max<std::size_t>(options_.warmup_bytes & ~std::size_t{3}, 4);
+      auto guess = largest_message_guess(s.context->platform(), *port, *dev, wanted);
+      if (!guess) return fail(with_link(guess.error(), i));
+      st.capacity = guess->bytes;
+      if (auto fits = check_depths(i); !fits) return fits;
+      auto b = AlignedBuffer::allocate(2 * st.capacity + frame_bytes);
+      if (!b) return fail(with_link(b.error(), i));
+      st.buffer.emplace(std::move(*b));
+      auto mr = MemoryRegionSet::reg(*s.pd, st.buffer->bytes(), dev->max_mr_size, st.capacity);
+      if (!mr) return fail(with_link(mr.error(), i));
+      st.mr.emplace(std::move(*mr));
+      if (explain_enabled())
+        explain(name(i) + ": MR warm-up buffer for messages of up to " + std::to_string(st.capacity) + " bytes (" +
+                std::string(guess->reason) + "): " + explain_memory(*st.mr, "send and receive slots", dev->max_mr_size));
+    }
+    return {};
+  }
+
+  /// Starts round `round` (0 first): its side-channel deadline.
+  void begin_round(std::uint32_t round) {
+    round_ = round;
+    setup_deadline_ = clock::now() + options_.timeout;
+  }
+
+  /// 1. A fresh CQ and QP (new QPN, new PSN) for every link not yet verified; old ones first.
+  Result<void> fresh_queue_pairs() {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      s.prepared.reset();
+      s.link.reset();
+      for (int k = 0; k < 2; ++k) s.got_send[k] = s.got_recv[k] = s.recv_ok[k] = false;
+      const LinkSpec& sp = specs_[i];
+      const QpCapacities& c = sp.recipe->requested_capacities();
+      const int entries = options_.cq_entries > 0 ? options_.cq_entries
+                                                  : static_cast<int>(link_cq_entries(c.max_send_wr, c.max_recv_wr));
+      // Apple: polling, unless tbverbs-probe measured channels that work (TBVERBS_PROFILE).
+      auto cq = sp.context->create_cq(entries, measured_cq_wait(sp.context->platform()));
+      if (!cq) return fail(with_link(cq.error(), i));
+      auto prep = sp.recipe->prepare(*sp.pd, *cq);
+      if (!prep) return fail(with_link(prep.error(), i));
+      s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
+      s.link->device_.assign(sp.context->name());
+      s.link->cq_.emplace(std::move(*cq));
+      s.prepared.emplace(std::move(*prep));
+    }
+    return {};
+  }
+
+  /// 2. Endpoints both ways, each with the largest warm-up message its side can take this round;
+  ///    both sides then use the smaller (a send must fit the peer's receive). Then connect, and
+  /// 3. post the receives for the peer's warm-up messages: the probe first, as it is sent first.
+  Result<void> connect_and_post_receives() {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      const auto wire = s.prepared->endpoint().serialize();
+      std::byte msg[Endpoint::wire_size + 8];
+      std::memcpy(msg, wire.data(), wire.size());
+      detail::put_be<std::uint64_t>(msg + Endpoint::wire_size, offered(s));
+      if (auto r = mailbox_.send(specs_[i].peer, LinkMailbox::Type::endpoint, specs_[i].id, round_, msg, setup_deadline_);
+          !r)
+        return fail(channel_error(r.error(), i));
+    }
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      auto raw = mailbox_.recv(specs_[i].peer, LinkMailbox::Type::endpoint, specs_[i].id, round_, setup_deadline_);
+      if (!raw) return fail(channel_error(raw.error(), i));
+      if (raw->size() != Endpoint::wire_size + 8)
+        return fail(with_link(Error::make(Step::parse_endpoint, ErrorKind::bad_frame,
+                                          "link endpoint message of " + std::to_string(raw->size()) + " bytes"),
+                              i));
+      auto remote = Endpoint::parse(std::span<const std::byte>(*raw).first(Endpoint::wire_size));
+      if (!remote) return fail(with_link(remote.error(), i));
+      const auto theirs = detail::get_be<std::uint64_t>(raw->data() + Endpoint::wire_size);
+      s.bytes = std::max<std::size_t>(static_cast<std::size_t>(std::min<std::uint64_t>(offered(s), theirs)), 4);
+      if (explain_enabled())
+        for (const auto& l : explain_queue_pair(*specs_[i].recipe, s.port, s.prepared->capacities(),
+                                                s.prepared->endpoint(), *remote,
+                                                name(i) + " (" + std::string(specs_[i].context->name()) + ", round " +
+                                                    std::to_string(round_ + 1) + ")"))
+          explain(l);
+      auto qp = std::move(*s.prepared).connect(*remote);
+      s.prepared.reset();
+      if (!qp) return fail(with_link(qp.error(), i));
+      s.link->qp_.emplace(std::move(*qp));
+      std::memset(s.buffer->data() + s.capacity, 0, s.capacity + frame_bytes);
+      for (int k = 0; k < (full(s) ? 2 : 1); ++k) {
+        auto sge = k == 0 ? s.mr->sge(s.capacity, std::min(s.bytes, frame_bytes))
+                          : s.mr->sge(s.capacity + frame_bytes, s.bytes);
+        if (!sge) return fail(with_link(sge.error(), i));
+        if (auto r = s.link->qp_->recv(k == 0 ? 1 : 3, *sge); !r) return fail(with_link(r.error(), i));
+      }
+    }
+    return {};
+  }
+
+  /// 4. Receives-posted barrier: nobody sends before the peer's receives are there.
+  Result<void> receives_posted_barrier() {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      if (st_[i].done) continue;
+      if (auto r = mailbox_.send(specs_[i].peer, LinkMailbox::Type::posted, specs_[i].id, round_, {}, setup_deadline_); !r)
+        return fail(channel_error(r.error(), i));
+    }
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      if (st_[i].done) continue;
+      if (auto r = mailbox_.recv(specs_[i].peer, LinkMailbox::Type::posted, specs_[i].id, round_, setup_deadline_); !r)
+        return fail(channel_error(r.error(), i));
+    }
+    return {};
+  }
+
+  /// 5. Tagged sends (probe, then full), then
+  Result<void> send_warmups() {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      auto* words = reinterpret_cast<std::uint32_t*>(s.buffer->data());
+      for (std::size_t k = 0; k < s.bytes / 4; ++k) words[k] = detail::warmup_word(k, specs_[i].id, round_, me_);
+      for (int k = 0; k < (full(s) ? 2 : 1); ++k) {
+        auto sge = s.mr->sge(0, k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
+        if (!sge) return fail(with_link(sge.error(), i));
+        if (auto r = s.link->qp_->send(k == 0 ? 2 : 4, *sge); !r) return fail(with_link(r.error(), i));
+      }
+    }
+    return {};
+  }
+
+  /// 6. one bounded wait for every link's completions (the links' waits overlap), probing the
+  ///    peers' side channels meanwhile. Ends when every link completed or at options.warmup_wait.
+  Result<void> wait_warmups() {
+    const auto wait_deadline = clock::now() + options_.warmup_wait;
+    for (;;) {
+      bool pending = false, progress = false;
+      for (std::size_t i = 0; i < st_.size(); ++i) {
+        State& s = st_[i];
+        if (s.done || complete(s)) continue;
+        WorkCompletion wc[4];
+        auto got = s.link->cq_->poll(wc);
+        if (!got) return fail(with_link(got.error(), i));
+        for (std::size_t k = 0; k < *got; ++k) {
+          progress = true;
+          note(s, wc[k]);
+        }
+        if (!complete(s)) pending = true;
+      }
+      if (!pending || clock::now() >= wait_deadline) return {};
+      if (progress) continue;
+      std::size_t sleeper = st_.size();
+      for (std::size_t i = 0; i < st_.size(); ++i) {
+        State& s = st_[i];
+        if (s.done || complete(s)) continue;
+        if (auto alive = sc_.check_peer(specs_[i].peer); !alive) return fail(channel_error(alive.error(), i));
+        if (sleeper == st_.size()) sleeper = i;
+      }
+      // Wait on one pending CQ for a slice; completions of the others are picked up next round.
+      WorkCompletion wc[4];
+      const auto slice = std::min(wait_deadline, clock::now() + options_.liveness_interval);
+      auto got = st_[sleeper].link->cq_->wait(wc, slice);
+      if (!got) {
+        if (got.error().is(ErrorKind::timeout)) continue;
+        return fail(with_link(got.error(), sleeper));
+      }
+      for (std::size_t k = 0; k < *got; ++k) note(st_[sleeper], wc[k]);
+    }
+  }
+
+  /// 7. Checks the received bytes and tells each peer the outcome (bit 0: the probe arrived
+  ///    intact, bit 1: the full-size message did): both sides decide the same from both outcomes.
+  Result<void> send_outcomes() {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      for (int k = 0; k < (full(s) ? 2 : 1); ++k) {
+        if (!s.got_recv[k] || !s.recv_ok[k]) continue;
+        const auto* words =
+            reinterpret_cast<const std::uint32_t*>(s.buffer->data() + s.capacity + (k == 0 ? 0 : frame_bytes));
+        const std::size_t len = k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes;
+        for (std::size_t w = 0; w < len / 4; ++w)
+          if (words[w] != detail::warmup_word(w, specs_[i].id, round_, specs_[i].peer)) {
+            s.recv_ok[k] = false;
+            break;
+          }
+      }
+      if (!full(s)) s.recv_ok[1] = s.recv_ok[0], s.got_recv[1] = s.got_recv[0];
+      const std::byte outcome{static_cast<unsigned char>(mine(s))};
+      if (auto r = mailbox_.send(specs_[i].peer, LinkMailbox::Type::result, specs_[i].id, round_,
+                                 std::span(&outcome, 1), setup_deadline_);
+          !r)
+        return fail(channel_error(r.error(), i));
+    }
+    return {};
+  }
+
+  /// 8. Reads the peers' outcomes and decides each link: kept when the full-size message went
+  ///    through both ways; else counted against the link (a round in which only the probe went
+  ///    through both ways counts apart: twice, and the link steps down to one-frame messages on a
+  ///    fresh QP: macOS 26.2 delivers no message above one frame, ds4; one such round alone may be
+  ///    ds4's flaky fresh QP instead). True when every link is kept; `timeout` at
+  ///    Step::link_warmup naming the link and the direction after `attempts` dead rounds.
+  Result<bool> decide() {
+    bool all_done = true;
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      if (s.done) continue;
+      auto r = mailbox_.recv(specs_[i].peer, LinkMailbox::Type::result, specs_[i].id, round_, setup_deadline_);
+      if (!r) return fail(channel_error(r.error(), i));
+      const unsigned theirs = r->size() == 1 ? static_cast<unsigned>((*r)[0]) : 0u;
+      const unsigned ours = mine(s);
+      if ((ours & theirs & 2u) != 0) {
+        s.done = true;
+        s.link->attempts_ = static_cast<int>(round_) + 1;
+        s.link->max_message_ = s.bytes;
+        continue;
+      }
+      all_done = false;
+      auto direction = [&](int from, int to, unsigned got) {
+        return "rank " + std::to_string(from) + " -> rank " + std::to_string(to) +
+               ((got & 1u) != 0 ? " delivered the one-frame probe but not the " + std::to_string(s.bytes) + "-byte message"
+                                : " delivered nothing");
+      };
+      std::string why;
+      if ((ours & 2u) == 0) why = direction(specs_[i].peer, me_, ours);
+      if ((theirs & 2u) == 0) why += std::string(why.empty() ? "" : "; ") + direction(me_, specs_[i].peer, theirs);
+      s.last_failure = why;
+      if ((ours & theirs & 1u) != 0) ++s.size_limited; else ++s.dead;
+      if (s.dead < options_.attempts && options_.on_retry)
+        options_.on_retry(specs_[i].id, static_cast<int>(round_) + 1,
+                          why + (s.size_limited == 2 && (ours & theirs & 1u) != 0
+                                     ? "; stepping down to messages of one 4 KiB frame"
+                                     : ""));
+    }
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      const State& s = st_[i];
+      if (s.done || s.dead < options_.attempts) continue;
+      Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
+                            name(i) + ": warm-up failed " + std::to_string(options_.attempts) +
+                                " times with a fresh QP each time (" + s.last_failure + ")");
+      e.on(specs_[i].context->name(), specs_[i].recipe->gid().port(), specs_[i].recipe->gid().index())
+          .from(specs_[i].context->platform());
+      return fail(e);
+    }
+    return all_done;
+  }
+
+  /// The verified links, in specs order (after decide() said true).
+  std::vector<Link> take_links() {
+    std::vector<Link> out;
+    out.reserve(st_.size());
+    for (State& s : st_) out.push_back(std::move(*s.link));
+    return out;
+  }
+
+private:
   struct State {
     std::optional<Link> link;
     std::optional<PreparedQueuePair> prepared;
@@ -430,289 +713,86 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
     bool got_send[2] = {}, got_recv[2] = {}, recv_ok[2] = {};
     std::string last_failure;
   };
-  std::vector<State> st(n);
 
-  auto name = [&](std::size_t i) {
-    return "link " + std::to_string(specs[i].id) + " to rank " + std::to_string(specs[i].peer);
-  };
-  auto with_link = [&](Error e, std::size_t i) {
+  // Thunderbolt counts depths in 4 KiB frames: the recipe's must hold the warm-up messages.
+  Result<void> check_depths(std::size_t i) const {
+    if (specs_[i].context->platform() != Platform::apple) return {};
+    const QpCapacities& c = specs_[i].recipe->requested_capacities();
+    if (c.max_send_wr > max_depth_frames || c.max_recv_wr > max_depth_frames)
+      return fail(Error::make(Step::configure, ErrorKind::capacity,
+                              name(i) + ": queue depths are counted in 4 KiB frames on Thunderbolt; at most " +
+                                  std::to_string(max_depth_frames)));
+    const std::size_t capacity = st_[i].capacity;
+    const std::uint32_t need = frames_of(capacity) + (capacity > frame_bytes ? 1 : 0);
+    if (need > c.max_send_wr || need > c.max_recv_wr)
+      return fail(Error::make(Step::configure, ErrorKind::capacity,
+                              name(i) + ": the warm-up messages span " + std::to_string(need) +
+                                  " frames, more than the queue depth"));
+    return {};
+  }
+  // The largest warm-up message this side takes this round: one frame after two size-limited rounds.
+  static std::size_t offered(const State& s) noexcept { return s.size_limited >= 2 ? frame_bytes : s.capacity; }
+  static bool full(const State& s) noexcept { return s.bytes > frame_bytes; }
+  static bool complete(const State& s) noexcept {
+    for (int k = 0; k < (full(s) ? 2 : 1); ++k)
+      if (!s.got_send[k] || !s.got_recv[k]) return false;
+    return true;
+  }
+  static void note(State& s, const WorkCompletion& wc) noexcept {
+    const std::uint64_t id = wc.wr_id();
+    if (id == 2 || id == 4) s.got_send[id == 4] = true;
+    if (id == 1 || id == 3) {
+      const int k = id == 3;
+      s.got_recv[k] = true;
+      s.recv_ok[k] = wc.byte_len() == (k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
+    }
+  }
+  // This side's outcome bits for the link (see send_outcomes).
+  static unsigned mine(const State& s) noexcept {
+    return (s.got_recv[0] && s.recv_ok[0] ? 1u : 0u) | (s.got_recv[1] && s.recv_ok[1] ? 2u : 0u);
+  }
+  std::string name(std::size_t i) const {
+    return "link " + std::to_string(specs_[i].id) + " to rank " + std::to_string(specs_[i].peer);
+  }
+  Error with_link(Error e, std::size_t i) const {
     std::string d = name(i);
     if (!e.detail.empty()) d += ": " + std::string(e.detail.view());
     return e.with_detail(d);
-  };
+  }
   // A peer that died, went silent or gave up during set-up is reported at Step::link_warmup
   // (kind peer_lost, timeout or peer_aborted, as the side channel saw it), naming the link and the peer.
-  auto channel_error = [&](Error e, std::size_t i) {
+  Error channel_error(Error e, std::size_t i) const {
     if (e.is(ErrorKind::peer_lost) || e.is(ErrorKind::timeout) || e.is(ErrorKind::peer_aborted))
       e.step = Step::link_warmup;
     return with_link(e, i);
-  };
-
-  // Checks of the specs, and every registration, before any QP exists: all anchors register
-  // before the QP transitions (TN3205's sample before creating the QP), and Anemll's `Bad address`
-  // on post_recv was fixed partly by registering earlier (docs/field-reports.md section 4b).
-  for (std::size_t i = 0; i < n; ++i) {
-    const LinkSpec& s = specs[i];
-    if (s.context == nullptr || s.pd == nullptr || !s.recipe || s.peer < 0 || s.peer == me || s.peer >= sc.size())
-      return fail(Error::make(Step::configure, ErrorKind::invalid_argument,
-                              name(i) + ": a LinkSpec needs a context, a PD, a recipe and another rank as peer"));
-    for (std::size_t j = 0; j < i; ++j)
-      if (specs[j].peer == s.peer && specs[j].id == s.id)
-        return fail(Error::make(Step::configure, ErrorKind::invalid_argument, name(i) + " is listed twice"));
-    const bool apple = s.context->platform() == Platform::apple;
-    auto dev = s.context->query_device();
-    if (!dev) return fail(with_link(dev.error(), i));
-    auto port = s.context->query_port(s.recipe->gid().port());
-    if (!port) return fail(with_link(port.error(), i));
-    st[i].port = *port;
-    const std::size_t wanted = std::max<std::size_t>(options.warmup_bytes & ~std::size_t{3}, 4);
-    auto guess = largest_message_guess(s.context->platform(), *port, *dev, wanted);
-    if (!guess) return fail(with_link(guess.error(), i));
-    st[i].capacity = guess->bytes;
-    const QpCapacities& c = s.recipe->requested_capacities();
-    if (apple) {
-      if (c.max_send_wr > max_depth_frames || c.max_recv_wr > max_depth_frames)
-        return fail(Error::make(Step::configure, ErrorKind::capacity,
-                                name(i) + ": queue depths are counted in 4 KiB frames on Thunderbolt; at most " +
-                                    std::to_string(max_depth_frames)));
-      const std::uint32_t need = frames_of(st[i].capacity) + (st[i].capacity > frame_bytes ? 1 : 0);
-      if (need > c.max_send_wr || need > c.max_recv_wr)
-        return fail(Error::make(Step::configure, ErrorKind::capacity,
-                                name(i) + ": the warm-up messages span " + std::to_string(need) +
-                                    " frames, more than the queue depth"));
-    }
-    auto b = AlignedBuffer::allocate(2 * st[i].capacity + frame_bytes);
-    if (!b) return fail(with_link(b.error(), i));
-    st[i].buffer.emplace(std::move(*b));
-    auto mr = MemoryRegionSet::reg(*s.pd, st[i].buffer->bytes(), dev->max_mr_size, st[i].capacity);
-    if (!mr) return fail(with_link(mr.error(), i));
-    st[i].mr.emplace(std::move(*mr));
-    if (explain_enabled())
-      explain(name(i) + ": MR warm-up buffer for messages of up to " + std::to_string(st[i].capacity) + " bytes (" +
-              std::string(guess->reason) + "): " + explain_memory(*st[i].mr, "send and receive slots", dev->max_mr_size));
   }
 
-  // A link is given up after `attempts` rounds in which a direction delivered nothing. A round in
-  // which the probe went through both ways but the full-size message did not is counted apart:
-  // twice, and the link steps down to one-frame messages on a fresh QP (macOS 26.2 delivers no
-  // message above one frame: ds4; one such round alone may be ds4's flaky fresh QP instead).
+  LinkMailbox& mailbox_;
+  SideChannel& sc_;
+  std::span<const LinkSpec> specs_;
+  const LinkOptions& options_;
+  int me_;
+  std::vector<State> st_;
+  std::uint32_t round_ = 0;
+  clock::time_point setup_deadline_{};
+};
+} // namespace detail
+
+inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<const LinkSpec> specs,
+                                               const LinkOptions& options) {
+  detail::LinkSetup setup(mailbox, specs, options);
+  if (auto r = setup.check_and_register(); !r) return fail(r.error());
   for (std::uint32_t round = 0;; ++round) {
-    const auto setup_deadline = clock::now() + options.timeout;
-    // 1. A fresh CQ and QP (new QPN, new PSN) for every link not yet verified; old ones first.
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      s.prepared.reset();
-      s.link.reset();
-      for (int k = 0; k < 2; ++k) s.got_send[k] = s.got_recv[k] = s.recv_ok[k] = false;
-      const LinkSpec& sp = specs[i];
-      const QpCapacities& c = sp.recipe->requested_capacities();
-      const int entries =
-          options.cq_entries > 0 ? options.cq_entries : static_cast<int>(link_cq_entries(c.max_send_wr, c.max_recv_wr));
-      // Apple: polling, unless tbverbs-probe measured channels that work (TBVERBS_PROFILE).
-      auto cq = sp.context->create_cq(entries, measured_cq_wait(sp.context->platform()));
-      if (!cq) return fail(with_link(cq.error(), i));
-      auto prep = sp.recipe->prepare(*sp.pd, *cq);
-      if (!prep) return fail(with_link(prep.error(), i));
-      s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
-      s.link->device_.assign(sp.context->name());
-      s.link->cq_.emplace(std::move(*cq));
-      s.prepared.emplace(std::move(*prep));
-    }
-    // 2. Endpoints both ways, each with the largest warm-up message its side can take this
-    //    round; both sides then use the smaller (a send must fit the peer's receive).
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      const std::size_t mine = s.size_limited >= 2 ? frame_bytes : s.capacity;
-      const auto wire = s.prepared->endpoint().serialize();
-      std::byte msg[Endpoint::wire_size + 8];
-      std::memcpy(msg, wire.data(), wire.size());
-      detail::put_be<std::uint64_t>(msg + Endpoint::wire_size, mine);
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, round, msg, setup_deadline); !r)
-        return fail(channel_error(r.error(), i));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      auto raw = mailbox.recv(specs[i].peer, LinkMailbox::Type::endpoint, specs[i].id, round, setup_deadline);
-      if (!raw) return fail(channel_error(raw.error(), i));
-      if (raw->size() != Endpoint::wire_size + 8)
-        return fail(with_link(Error::make(Step::parse_endpoint, ErrorKind::bad_frame,
-                                          "link endpoint message of " + std::to_string(raw->size()) + " bytes"),
-                              i));
-      auto remote = Endpoint::parse(std::span<const std::byte>(*raw).first(Endpoint::wire_size));
-      if (!remote) return fail(with_link(remote.error(), i));
-      const auto theirs = detail::get_be<std::uint64_t>(raw->data() + Endpoint::wire_size);
-      const std::size_t mine = s.size_limited >= 2 ? frame_bytes : s.capacity;
-      s.bytes = static_cast<std::size_t>(std::min<std::uint64_t>(mine, theirs));
-      if (s.bytes < 4) s.bytes = 4;
-      if (explain_enabled())
-        for (const auto& l : explain_queue_pair(*specs[i].recipe, s.port, s.prepared->capacities(),
-                                                s.prepared->endpoint(), *remote,
-                                                name(i) + " (" + std::string(specs[i].context->name()) + ", round " +
-                                                    std::to_string(round + 1) + ")"))
-          explain(l);
-      auto qp = std::move(*s.prepared).connect(*remote);
-      s.prepared.reset();
-      if (!qp) return fail(with_link(qp.error(), i));
-      s.link->qp_.emplace(std::move(*qp));
-      // 3. The receives for the peer's warm-up messages: the probe first, as it is sent first.
-      std::memset(s.buffer->data() + s.capacity, 0, s.capacity + frame_bytes);
-      const bool full = s.bytes > frame_bytes;
-      for (int k = 0; k < (full ? 2 : 1); ++k) {
-        auto sge = k == 0 ? s.mr->sge(s.capacity, std::min(s.bytes, frame_bytes))
-                          : s.mr->sge(s.capacity + frame_bytes, s.bytes);
-        if (!sge) return fail(with_link(sge.error(), i));
-        if (auto r = s.link->qp_->recv(k == 0 ? 1 : 3, *sge); !r) return fail(with_link(r.error(), i));
-      }
-    }
-    // 4. Receives-posted barrier: nobody sends before the peer's receives are there.
-    for (std::size_t i = 0; i < n; ++i) {
-      if (st[i].done) continue;
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, round, {}, setup_deadline); !r)
-        return fail(channel_error(r.error(), i));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (st[i].done) continue;
-      if (auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::posted, specs[i].id, round, setup_deadline); !r)
-        return fail(channel_error(r.error(), i));
-    }
-    // 5. Tagged sends (probe, then full), then one bounded wait for every link's completions
-    //    (the links' waits overlap), probing the peers' side channels meanwhile.
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      auto* words = reinterpret_cast<std::uint32_t*>(s.buffer->data());
-      for (std::size_t k = 0; k < s.bytes / 4; ++k) words[k] = detail::warmup_word(k, specs[i].id, round, me);
-      const bool full = s.bytes > frame_bytes;
-      for (int k = 0; k < (full ? 2 : 1); ++k) {
-        auto sge = s.mr->sge(0, k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
-        if (!sge) return fail(with_link(sge.error(), i));
-        if (auto r = s.link->qp_->send(k == 0 ? 2 : 4, *sge); !r) return fail(with_link(r.error(), i));
-      }
-    }
-    auto complete = [](const State& s) {
-      const int want = s.bytes > frame_bytes ? 2 : 1;
-      for (int k = 0; k < want; ++k)
-        if (!s.got_send[k] || !s.got_recv[k]) return false;
-      return true;
-    };
-    auto note = [&](State& s, const WorkCompletion& wc) {
-      const std::uint64_t id = wc.wr_id();
-      if (id == 2 || id == 4) s.got_send[id == 4] = true;
-      if (id == 1 || id == 3) {
-        const int k = id == 3;
-        s.got_recv[k] = true;
-        s.recv_ok[k] = wc.byte_len() == (k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
-      }
-    };
-    const auto wait_deadline = clock::now() + options.warmup_wait;
-    for (;;) {
-      bool pending = false, progress = false;
-      for (std::size_t i = 0; i < n; ++i) {
-        State& s = st[i];
-        if (s.done || complete(s)) continue;
-        WorkCompletion wc[4];
-        auto got = s.link->cq_->poll(wc);
-        if (!got) return fail(with_link(got.error(), i));
-        for (std::size_t k = 0; k < *got; ++k) {
-          progress = true;
-          note(s, wc[k]);
-        }
-        if (!complete(s)) pending = true;
-      }
-      if (!pending || clock::now() >= wait_deadline) break;
-      if (progress) continue;
-      std::size_t sleeper = n;
-      for (std::size_t i = 0; i < n; ++i) {
-        State& s = st[i];
-        if (s.done || complete(s)) continue;
-        if (auto alive = sc.check_peer(specs[i].peer); !alive) return fail(channel_error(alive.error(), i));
-        if (sleeper == n) sleeper = i;
-      }
-      // Wait on one pending CQ for a slice; completions of the others are picked up next round.
-      WorkCompletion wc[4];
-      const auto slice = std::min(wait_deadline, clock::now() + options.liveness_interval);
-      auto got = st[sleeper].link->cq_->wait(wc, slice);
-      if (!got) {
-        if (got.error().is(ErrorKind::timeout)) continue;
-        return fail(with_link(got.error(), sleeper));
-      }
-      for (std::size_t k = 0; k < *got; ++k) note(st[sleeper], wc[k]);
-    }
-    // 6. Check the received bytes, and exchange the outcomes (bit 0: the probe arrived intact,
-    //    bit 1: the full-size message did): both sides decide the same from both outcomes.
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      const bool full = s.bytes > frame_bytes;
-      for (int k = 0; k < (full ? 2 : 1); ++k) {
-        if (!s.got_recv[k] || !s.recv_ok[k]) continue;
-        const auto* words =
-            reinterpret_cast<const std::uint32_t*>(s.buffer->data() + s.capacity + (k == 0 ? 0 : frame_bytes));
-        const std::size_t len = k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes;
-        for (std::size_t w = 0; w < len / 4; ++w)
-          if (words[w] != detail::warmup_word(w, specs[i].id, round, specs[i].peer)) {
-            s.recv_ok[k] = false;
-            break;
-          }
-      }
-      if (!full) s.recv_ok[1] = s.recv_ok[0], s.got_recv[1] = s.got_recv[0];
-      const std::byte outcome{static_cast<unsigned char>((s.got_recv[0] && s.recv_ok[0] ? 1 : 0) |
-                                                         (s.got_recv[1] && s.recv_ok[1] ? 2 : 0))};
-      if (auto r = mailbox.send(specs[i].peer, LinkMailbox::Type::result, specs[i].id, round,
-                                std::span(&outcome, 1), setup_deadline);
-          !r)
-        return fail(channel_error(r.error(), i));
-    }
-    bool all_done = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      State& s = st[i];
-      if (s.done) continue;
-      auto r = mailbox.recv(specs[i].peer, LinkMailbox::Type::result, specs[i].id, round, setup_deadline);
-      if (!r) return fail(channel_error(r.error(), i));
-      const unsigned theirs = r->size() == 1 ? static_cast<unsigned>((*r)[0]) : 0u;
-      const unsigned mine = (s.got_recv[0] && s.recv_ok[0] ? 1u : 0u) | (s.got_recv[1] && s.recv_ok[1] ? 2u : 0u);
-      if ((mine & theirs & 2u) != 0) {
-        s.done = true;
-        s.link->attempts_ = static_cast<int>(round) + 1;
-        s.link->max_message_ = s.bytes;
-        continue;
-      }
-      all_done = false;
-      auto direction = [&](int from, int to, unsigned got) {
-        return "rank " + std::to_string(from) + " -> rank " + std::to_string(to) +
-               ((got & 1u) != 0 ? " delivered the one-frame probe but not the " + std::to_string(s.bytes) + "-byte message"
-                                : " delivered nothing");
-      };
-      std::string why;
-      if ((mine & 2u) == 0) why = direction(specs[i].peer, me, mine);
-      if ((theirs & 2u) == 0) why += std::string(why.empty() ? "" : "; ") + direction(me, specs[i].peer, theirs);
-      s.last_failure = why;
-      if ((mine & theirs & 1u) != 0) ++s.size_limited; else ++s.dead;
-      if (s.dead < options.attempts && options.on_retry)
-        options.on_retry(specs[i].id, static_cast<int>(round) + 1,
-                         why + (s.size_limited == 2 && (mine & theirs & 1u) != 0
-                                    ? "; stepping down to messages of one 4 KiB frame"
-                                    : ""));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      const State& s = st[i];
-      if (s.done || s.dead < options.attempts) continue;
-      Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
-                            name(i) + ": warm-up failed " + std::to_string(options.attempts) +
-                                " times with a fresh QP each time (" + s.last_failure + ")");
-      e.on(specs[i].context->name(), specs[i].recipe->gid().port(), specs[i].recipe->gid().index())
-          .from(specs[i].context->platform());
-      return fail(e);
-    }
-    if (all_done) {
-      std::vector<Link> out;
-      out.reserve(n);
-      for (auto& s : st) out.push_back(std::move(*s.link));
-      return out;
-    }
+    setup.begin_round(round);
+    if (auto r = setup.fresh_queue_pairs(); !r) return fail(r.error());
+    if (auto r = setup.connect_and_post_receives(); !r) return fail(r.error());
+    if (auto r = setup.receives_posted_barrier(); !r) return fail(r.error());
+    if (auto r = setup.send_warmups(); !r) return fail(r.error());
+    if (auto r = setup.wait_warmups(); !r) return fail(r.error());
+    if (auto r = setup.send_outcomes(); !r) return fail(r.error());
+    auto done = setup.decide();
+    if (!done) return fail(done.error());
+    if (*done) return setup.take_links();
   }
 }
 
