@@ -598,6 +598,7 @@ public:
         State& s = st_[i];
         if (s.done || complete(s)) continue;
         if (auto alive = sc_.check_peer(specs_[i].peer); !alive) return fail(channel_error(alive.error(), i));
+        if (auto port = port_alive(i); !port) return port;
         if (sleeper == st_.size()) sleeper = i;
       }
       // Wait on one pending CQ for a slice; completions of the others are picked up next round.
@@ -729,6 +730,29 @@ private:
                               name(i) + ": the warm-up messages span " + std::to_string(need) +
                                   " frames, more than the queue depth"));
     return {};
+  }
+  // The device's asynchronous events (Context::wait_async_event, looked at, never waited for): a
+  // port that left ACTIVE under the link ends the set-up at once, naming the device and port,
+  // instead of failing `attempts` warm-up rounds (issue 18, finding 7). A port error is confirmed
+  // with ibv_query_port (an event queued before a port came back up is history, not a failure);
+  // a device-fatal event needs no confirmation. Other events are left to the caller's code.
+  Result<void> port_alive(std::size_t i) const {
+    const LinkSpec& sp = specs_[i];
+    const int port = sp.recipe->gid().port();
+    for (;;) {
+      auto ev = sp.context->wait_async_event(clock::time_point{});
+      if (!ev) return {}; // nothing pending, or no async events from this library
+      bool dead = ev->type() == AsyncEventType::device_fatal;
+      if (ev->type() == AsyncEventType::port_error && ev->port() == port) {
+        auto now = sp.context->query_port(port);
+        dead = !now || now->state != PortState::active;
+      }
+      if (dead)
+        return fail(Error::make(Step::link_warmup, ErrorKind::port_not_active,
+                                name(i) + ": " + ev->describe() + " during the warm-up")
+                        .on(sp.context->name(), port, sp.recipe->gid().index())
+                        .from(sp.context->platform()));
+    }
   }
   // The largest warm-up message this side takes this round: one frame after two size-limited rounds.
   static std::size_t offered(const State& s) noexcept { return s.size_limited >= 2 ? frame_bytes : s.capacity; }

@@ -87,6 +87,7 @@ struct Control {
   int (*fault_fail_call)(const char*, const char*, const char*, std::uint64_t, int, std::uint32_t) = nullptr;
   int (*fault_clear)(const char*) = nullptr;
   int (*qp_count)(const char*, const char*, const char*) = nullptr;
+  int (*fault_drop_next_qp)(const char*, const char*) = nullptr;
   const char* (*last_error)() = nullptr;
 
   static const Control& get() {
@@ -100,6 +101,7 @@ struct Control {
       k.fault_fail_call = reinterpret_cast<decltype(k.fault_fail_call)>(::dlsym(h, "tbemu_fault_fail_call"));
       k.fault_clear = reinterpret_cast<decltype(k.fault_clear)>(::dlsym(h, "tbemu_fault_clear"));
       k.qp_count = reinterpret_cast<decltype(k.qp_count)>(::dlsym(h, "tbemu_qp_count"));
+      k.fault_drop_next_qp = reinterpret_cast<decltype(k.fault_drop_next_qp)>(::dlsym(h, "tbemu_fault_drop_next_qp"));
       k.last_error = reinterpret_cast<decltype(k.last_error)>(::dlsym(h, "tbemu_last_error"));
       return k;
     }();
@@ -171,6 +173,11 @@ public:
   void fail_call(const std::string& host, const std::string& verb, int errno_value, std::uint32_t count = 0) const {
     REQUIRE(Control::get().fault_fail_call != nullptr);
     REQUIRE(Control::get().fault_fail_call(path_.c_str(), host.c_str(), verb.c_str(), 1, errno_value, count) == 0);
+  }
+  /// The next QP created on `host` loses everything it sends (its sends still complete).
+  void drop_next_qp(const std::string& host) const {
+    REQUIRE(Control::get().fault_drop_next_qp != nullptr);
+    REQUIRE(Control::get().fault_drop_next_qp(path_.c_str(), host.c_str()) == 0);
   }
   int qp_count(const PortSpec& p) const {
     REQUIRE(Control::get().qp_count != nullptr);

@@ -7,7 +7,14 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <tbverbs/link.hpp>
+
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <optional>
+#include <string>
+#include <thread>
 
 using namespace emu_test;
 using namespace std::chrono_literals;
@@ -71,4 +78,78 @@ TEST_CASE("core/async: a moved-from Context answers EBADF", "[core][async]") {
   const tbverbs::Error e = err(a.wait_async_event(10ms)); // NOLINT(bugprone-use-after-move): the point
   CHECK(e.is(EBADF));
   CHECK_THAT(e.message(), ContainsSubstring("moved-from"));
+}
+
+TEST_CASE("core/async: a port going down during connect_links' warm-up ends it at once, naming the port",
+          "[core][async][link]") {
+  Fabric fabric(host_a(), host_b());
+  fabric.use(fabric.a().host);
+  const tbverbs::Library lib = emulator();
+  tbverbs::Context ctx_a = ok(tbverbs::Context::open(lib, "rdma_en1"));
+  fabric.use(fabric.b().host);
+  tbverbs::Context ctx_b = ok(tbverbs::Context::open(lib, "rdma_en1"));
+  tbverbs::ProtectionDomain pd_a = ok(ctx_a.alloc_pd()), pd_b = ok(ctx_b.alloc_pd());
+  const tbverbs::GidSelection gid_a = ok(ok(ctx_a.gid_table(1)).select());
+  const tbverbs::GidSelection gid_b = ok(ok(ctx_b.gid_table(1)).select());
+  // hostB's warm-up messages never arrive: hostA waits in the warm-up until its port goes down.
+  fabric.drop_next_qp(fabric.b().host);
+
+  std::promise<std::uint16_t> listening;
+  auto port = listening.get_future();
+  std::optional<tbverbs::Error> failure[2];
+  std::chrono::steady_clock::duration took[2]{};
+  auto rank = [&](int r) {
+    tbverbs::SideChannelOptions o;
+    o.rank = r;
+    o.size = 2;
+    o.job_token = 0xa57c;
+    o.timeout = 20s;
+    if (r == 0) {
+      o.coordinator = "127.0.0.1:0";
+      o.on_listening = [&](std::uint16_t p) { listening.set_value(p); };
+    } else {
+      o.coordinator = "127.0.0.1:" + std::to_string(port.get());
+    }
+    auto sc = tbverbs::SideChannel::connect(o);
+    if (!sc) return failure[r] = sc.error(), void();
+    tbverbs::LinkMailbox mailbox(*sc);
+    tbverbs::LinkSpec spec;
+    spec.peer = 1 - r;
+    spec.context = r == 0 ? &ctx_a : &ctx_b;
+    spec.pd = r == 0 ? &pd_a : &pd_b;
+    spec.recipe = tbverbs::QpRecipe::thunderbolt(r == 0 ? gid_a : gid_b);
+    tbverbs::LinkOptions lo;
+    lo.warmup_bytes = 4096;
+    lo.attempts = 1;
+    lo.warmup_wait = 20s; // the port event, not this wait, must end it
+    const auto t0 = Clock::now();
+    auto links = tbverbs::connect_links(mailbox, std::span(&spec, 1), lo);
+    took[r] = Clock::now() - t0;
+    if (!links) failure[r] = links.error();
+  };
+  auto b = std::async(std::launch::async, rank, 1);
+  auto a = std::async(std::launch::async, rank, 0);
+  // Both QPs exist: the warm-up is under way (connect, receives and the barrier take
+  // milliseconds); then hostA's port goes down.
+  const auto until = Clock::now() + 10s;
+  while ((fabric.qp_count(fabric.a()) < 1 || fabric.qp_count(fabric.b()) < 1) && Clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(500ms);
+  const auto down = Clock::now();
+  fabric.set_port_up(fabric.a(), false);
+  REQUIRE(a.wait_for(10s) == std::future_status::ready);
+  a.get();
+  const auto ended = Clock::now() - down;
+  REQUIRE(b.wait_for(30s) == std::future_status::ready);
+  b.get();
+  REQUIRE(failure[0]);
+  INFO(failure[0]->message());
+  CHECK(failure[0]->kind == tbverbs::ErrorKind::port_not_active);
+  CHECK(failure[0]->step == tbverbs::Step::link_warmup);
+  CHECK(failure[0]->device.view() == "rdma_en1");
+  CHECK(failure[0]->port == 1);
+  CHECK_THAT(failure[0]->message(), ContainsSubstring("IBV_EVENT_PORT_ERR"));
+  CHECK(ended < 3s);        // not the 20 s warm-up wait
+  CHECK(took[0] < 15s);
+  CHECK(failure[1]);        // hostB's link did not go through either, and it did not hang
 }
