@@ -1,6 +1,7 @@
 // Parsers refuse what no valid input contains (issue 9, "parsers that accept what they should
 // refuse"): endpoint frames with a checksum that matches but fields no peer sends, and GID text
 // with an embedded NUL.
+#include <tbverbs/collective/network.hpp>
 #include <tbverbs/tbverbs.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -88,4 +89,32 @@ TEST_CASE("the one number and size parser (detail/decimal.hpp): digits only, suf
   for (const char* bad : {"", "B", "K", "KB", "1T", "1KK", "-4K", "4 K", "99999999999999999999999"})
     CHECK_FALSE(parse_size(bad, tib));
   static_assert(parse_size("16M", tib) == (16u << 20)); // constexpr, as the tools' option checks use it
+}
+
+TEST_CASE("collective settings: one parser for TBVERBS_MEMORY/_TRANSPORT/_ALGORITHM and ring_all_sum's flags",
+          "[parsers][collective]") {
+  using namespace tbverbs::collective;
+  CHECK(parse_setting<Memory>("auto") == Memory::automatic);
+  CHECK(parse_setting<Memory>("registered") == Memory::registered);
+  CHECK(parse_setting<Memory>("staged") == Memory::staged);
+  CHECK(parse_setting<Transport>("auto") == Transport::automatic);
+  CHECK(parse_setting<Transport>("send") == Transport::send);
+  CHECK(parse_setting<Transport>("write") == Transport::write);
+  CHECK(parse_setting<Algorithm>("auto") == Algorithm::automatic);
+  CHECK(parse_setting<Algorithm>("ring") == Algorithm::ring);
+  CHECK(parse_setting<Algorithm>("latency") == Algorithm::latency);
+  CHECK(parse_setting<Algorithm>("mesh") == Algorithm::mesh);
+  // Exact words only: no case folding, prefixes, other settings' words or the "?" of an unknown value.
+  for (const char* bad : {"", "Auto", "stage", "registered ", "?", "ring"})
+    CHECK_FALSE(parse_setting<Memory>(bad).has_value());
+  CHECK_FALSE(parse_setting<Transport>("staged").has_value());
+  CHECK_FALSE(parse_setting<Algorithm>("write").has_value());
+  // Every name parses back to its value.
+  for (Memory m : {Memory::automatic, Memory::registered, Memory::staged})
+    CHECK(parse_setting<Memory>(memory_name(m)) == m);
+  for (Transport t : {Transport::automatic, Transport::send, Transport::write})
+    CHECK(parse_setting<Transport>(transport_name(t)) == t);
+  CHECK(setting_choices<Memory>() == "auto, registered or staged");
+  CHECK(setting_choices<Transport>() == "auto, send or write");
+  CHECK(setting_choices<Algorithm>() == "auto, ring, latency or mesh");
 }

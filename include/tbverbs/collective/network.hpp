@@ -34,6 +34,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 TBVERBS_NAMESPACE_BEGIN
@@ -66,6 +68,60 @@ constexpr std::string_view algorithm_name(Algorithm a) noexcept {
   case Algorithm::mesh: return "mesh";
   }
   return "?";
+}
+
+/// "auto", "registered", "staged": TBVERBS_MEMORY's and ring_all_sum --memory's words.
+constexpr std::string_view memory_name(Memory m) noexcept {
+  switch (m) {
+  case Memory::automatic: return "auto";
+  case Memory::registered: return "registered";
+  case Memory::staged: return "staged";
+  }
+  return "?";
+}
+
+/// "auto", "send", "write": TBVERBS_TRANSPORT's and ring_all_sum --transport's words.
+constexpr std::string_view transport_name(Transport t) noexcept {
+  switch (t) {
+  case Transport::automatic: return "auto";
+  case Transport::send: return "send";
+  case Transport::write: return "write";
+  }
+  return "?";
+}
+
+/// The setting called `name` (the words of memory_name, transport_name and algorithm_name: the
+/// one parser of TBVERBS_MEMORY, TBVERBS_TRANSPORT, TBVERBS_ALGORITHM and ring_all_sum's flags),
+/// or nullopt. `Setting` is Memory, Transport or Algorithm.
+template <class Setting> constexpr std::optional<Setting> parse_setting(std::string_view name) noexcept {
+  static_assert(std::is_same_v<Setting, Memory> || std::is_same_v<Setting, Transport> ||
+                std::is_same_v<Setting, Algorithm>);
+  for (std::uint8_t v = 0; v < 4; ++v) {
+    const auto s = static_cast<Setting>(v);
+    std::string_view n;
+    if constexpr (std::is_same_v<Setting, Memory>) n = memory_name(s);
+    else if constexpr (std::is_same_v<Setting, Transport>) n = transport_name(s);
+    else n = algorithm_name(s);
+    if (n != "?" && n == name) return s;
+  }
+  return std::nullopt;
+}
+
+/// The accepted words of a setting, for an error message: "auto, registered or staged".
+template <class Setting> inline std::string setting_choices() {
+  std::string out;
+  std::vector<std::string_view> names;
+  for (std::uint8_t v = 0; v < 4; ++v) {
+    const auto s = static_cast<Setting>(v);
+    std::string_view n;
+    if constexpr (std::is_same_v<Setting, Memory>) n = memory_name(s);
+    else if constexpr (std::is_same_v<Setting, Transport>) n = transport_name(s);
+    else n = algorithm_name(s);
+    if (n != "?") names.push_back(n);
+  }
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += std::string(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
+  return out;
 }
 
 /// Which device faces which rank, as a device file or topology discovery gives it.

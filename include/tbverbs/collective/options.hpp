@@ -165,23 +165,19 @@ inline Result<void> CommunicatorOptions::read_environment(CommunicatorOptions& o
       break;
     }
   if (auto v = env("TBVERBS_MEMORY")) {
-    if (*v == "auto") o.memory = collective::Memory::automatic;
-    else if (*v == "registered") o.memory = collective::Memory::registered;
-    else if (*v == "staged") o.memory = collective::Memory::staged;
-    else return bad("TBVERBS_MEMORY=\"" + *v + "\": auto, registered or staged");
+    auto m = collective::parse_setting<collective::Memory>(*v);
+    if (!m) return bad("TBVERBS_MEMORY=\"" + *v + "\": " + collective::setting_choices<collective::Memory>());
+    o.memory = *m;
   }
   if (auto v = env("TBVERBS_TRANSPORT")) {
-    if (*v == "auto") o.transport = collective::Transport::automatic;
-    else if (*v == "send") o.transport = collective::Transport::send;
-    else if (*v == "write") o.transport = collective::Transport::write;
-    else return bad("TBVERBS_TRANSPORT=\"" + *v + "\": auto, send or write");
+    auto t = collective::parse_setting<collective::Transport>(*v);
+    if (!t) return bad("TBVERBS_TRANSPORT=\"" + *v + "\": " + collective::setting_choices<collective::Transport>());
+    o.transport = *t;
   }
   if (auto v = env("TBVERBS_ALGORITHM")) {
-    if (*v == "auto") o.algorithm = collective::Algorithm::automatic;
-    else if (*v == "ring") o.algorithm = collective::Algorithm::ring;
-    else if (*v == "latency") o.algorithm = collective::Algorithm::latency;
-    else if (*v == "mesh") o.algorithm = collective::Algorithm::mesh;
-    else return bad("TBVERBS_ALGORITHM=\"" + *v + "\": auto, ring, latency or mesh");
+    auto a = collective::parse_setting<collective::Algorithm>(*v);
+    if (!a) return bad("TBVERBS_ALGORITHM=\"" + *v + "\": " + collective::setting_choices<collective::Algorithm>());
+    o.algorithm = *a;
   }
   if (auto v = env("TBVERBS_MESSAGE_BYTES")) {
     auto b = detail::parse_size(*v, std::uint64_t{16} << 20);
