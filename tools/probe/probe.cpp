@@ -13,6 +13,7 @@
 // a tbverbs handle (RAII): whatever fails, nothing is left behind (the report says how many QPs
 // and MRs the process still holds at the end: none). Both ends run the same sequence of steps,
 // kept in step over the side channel; a step that fails on one end is skipped on both.
+#include "../common/cli_args.hpp"
 #include "../common/launcher_env.hpp"
 #include "../common/local_scratch.hpp"
 #include "../common/size_arg.hpp"
@@ -1327,25 +1328,28 @@ int main(int argc, char** argv) {
   app.add_flag("--server", o.server, "this end waits for the other (run it first)");
   app.add_option("--connect", o.connect, "HOST[:PORT] of the end started with --server");
   app.add_flag("--local", o.local, "both ends on the emulated fabric on this machine");
-  app.add_option("--port", o.port, "TCP port of the side channel")->capture_default_str();
+  app.add_option("--port", o.port, "TCP port of the side channel")->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--device", o.device, "device to measure (default: the one whose subnet faces the other end)");
   app.add_option("--library", o.library, "verbs library (default: TBVERBS_LIBRARY, then the platform's)");
   app.add_option("--emu-library", o.emu_library, "--local: the emulated verbs library")->capture_default_str();
   app.add_option("--quirk", o.quirks, "--local: a reading of Apple's driver the emulator plays, NAME=VALUE (repeatable)");
   app.add_flag("--json", o.as_json, "print the report as one JSON object (for a bug report)");
   app.add_option("--profile-out", o.profile_out, "write what was measured for the library (TBVERBS_PROFILE=FILE)");
-  app.add_option("--timeout", o.timeout_ms, "ms: bound of every step over the side channel")->capture_default_str();
-  app.add_option("--wait", o.wait_ms, "ms a message may take before it counts as not delivered")->capture_default_str();
-  app.add_option("--iters", o.iters, "4 KiB round trips for the latency")->capture_default_str();
+  app.add_option("--timeout", o.timeout_ms, "ms: bound of every step over the side channel")
+      ->check(CLI::Range(1, 86400000))->capture_default_str();
+  app.add_option("--wait", o.wait_ms, "ms a message may take before it counts as not delivered")
+      ->check(CLI::Range(1, 3600000))->capture_default_str();
+  app.add_option("--iters", o.iters, "4 KiB round trips for the latency")->check(CLI::Range(1, 100000000))->capture_default_str();
   app.add_option("--bw-bytes", o.bw_bytes, "bytes sent per bandwidth size (e.g. 64M)")->capture_default_str();
-  app.add_option("--max-qps", o.max_qps, "stop counting queue pairs here")->capture_default_str();
-  app.add_option("--max-mrs", o.max_mrs, "stop counting memory regions here")->capture_default_str();
-  app.add_option("--max-mr-bytes", o.max_mr_bytes, "largest region tried (bytes)")->capture_default_str();
+  app.add_option("--max-qps", o.max_qps, "stop counting queue pairs here")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--max-mrs", o.max_mrs, "stop counting memory regions here")->check(CLI::Range(1, 1048576))->capture_default_str();
+  app.add_option("--max-mr-bytes", o.max_mr_bytes, "largest region tried (bytes)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 40))->capture_default_str();
   app.add_flag("--quick", o.quick, "fewer round trips and bytes (tests)");
   bool explain_flag = false;
   app.add_flag("--explain", explain_flag, "print every QP attribute the probe sets, with why (TBVERBS_EXPLAIN=1)");
   app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse_args(app, argc, argv); rc >= 0) return rc; // a usage error exits 2
   if (explain_flag) set_explain(true);
   ::signal(SIGPIPE, SIG_IGN);
   int modes = (o.server ? 1 : 0) + (o.connect.empty() ? 0 : 1) + (o.local ? 1 : 0);
@@ -1391,8 +1395,8 @@ int main(int argc, char** argv) {
     o.bw_bytes = "4M";
     o.wait_ms = std::min(o.wait_ms, 500);
   }
-  if (!cli::parse_size(o.bw_bytes)) {
-    std::fprintf(stderr, "tbverbs-probe: --bw-bytes %s: not %s\n", o.bw_bytes.c_str(), cli::kSizeSyntax);
+  if (const auto bw = cli::parse_size(o.bw_bytes); !bw || *bw == 0) {
+    std::fprintf(stderr, "tbverbs-probe: --bw-bytes %s: not %s above 0\n", o.bw_bytes.c_str(), cli::kSizeSyntax);
     return 2;
   }
   if (o.local) return run_local(o);
