@@ -37,6 +37,7 @@
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
 #if defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
@@ -45,6 +46,7 @@
 #endif
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -78,6 +80,7 @@ struct Options {
   std::string bw_bytes = "64M";
   int max_qps = 64, max_mrs = 1024;
   std::uint64_t max_mr_bytes = std::uint64_t{1} << 30;
+  std::string token;       // shared secret both ends must give (--token, --token-file, TBVERBS_PROBE_TOKEN)
 };
 
 std::string first_line(const std::string& m) { return m.substr(0, m.find('\n')); }
@@ -212,9 +215,16 @@ Result<Pair> make_pair(End& e, const QpRecipe& recipe, std::string& why, CqWait 
   if (ok) {
     const std::string hex = theirs->get<std::string>();
     std::vector<std::byte> raw;
-    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
-      raw.push_back(static_cast<std::byte>(std::stoul(hex.substr(i, 2), nullptr, 16)));
-    auto remote = Endpoint::parse(raw);
+    bool hex_ok = hex.size() % 2 == 0;
+    for (std::size_t i = 0; hex_ok && i + 1 < hex.size(); i += 2) {
+      unsigned v = 0;
+      const auto [end, ec] = std::from_chars(hex.data() + i, hex.data() + i + 2, v, 16);
+      hex_ok = ec == std::errc() && end == hex.data() + i + 2;
+      raw.push_back(static_cast<std::byte>(v));
+    }
+    auto remote = hex_ok ? Endpoint::parse(raw)
+                         : Result<Endpoint>(fail(Error::make(Step::parse_endpoint, ErrorKind::bad_frame,
+                                                             "the other end's endpoint is not hexadecimal")));
     if (!remote) {
       why = errtext(remote.error());
       ok = false;
@@ -954,6 +964,8 @@ Result<void> probe_bandwidth(End& e) {
     } else {
       auto first = e.recv();
       if (!first) return fail(first.error());
+      if (!first->is_number_unsigned())
+        return fail(Error::make(Step::side_channel, ErrorKind::bad_frame, "the receiver's first credit is not a count"));
       std::uint64_t credits = first->get<std::uint64_t>(), sent = 0, done = 0;
       bool verdict_seen = credits == 0;
       if (credits == 0) {
@@ -966,7 +978,12 @@ Result<void> probe_bandwidth(End& e) {
         if (!c) return fail(c.error());
         const std::string m(reinterpret_cast<const char*>(c->data()), c->size());
         if (m.rfind("credit ", 0) == 0) {
-          credits += std::stoull(m.substr(7));
+          std::uint64_t more = 0;
+          const auto [end, ec] = std::from_chars(m.data() + 7, m.data() + m.size(), more);
+          if (ec != std::errc() || end != m.data() + m.size() || more > count)
+            return fail(Error::make(Step::side_channel, ErrorKind::bad_frame, "the receiver's credit message \"" +
+                                                                                  m.substr(0, 40) + "\" is not a count"));
+          credits += more;
           return {};
         }
         verdict_seen = true;
@@ -1128,7 +1145,7 @@ void print_table(const End& e, const json& out) {
 }
 
 // One end, start to finish. Returns the exit status.
-int run_end(const Options& o, int rank, const std::string& coordinator, bool print) {
+int run_end_unguarded(const Options& o, int rank, const std::string& coordinator, bool print) {
   set_notice_handler(nullptr);  // channel fallbacks are findings here, not notices
   End e;
   e.o = &o;
@@ -1143,7 +1160,10 @@ int run_end(const Options& o, int rank, const std::string& coordinator, bool pri
   sco.rank = rank;
   sco.size = 2;
   sco.coordinator = coordinator;
-  sco.job_token = side_channel_token("tbverbs-probe 1");
+  // Without a token anyone who reaches the port can join as the other end and read this host's
+  // description (docs/thunderbolt.md, "What the probe exposes"); with one, only an end given the
+  // same secret gets past the rendezvous.
+  sco.job_token = side_channel_token(o.token.empty() ? std::string("tbverbs-probe 1") : "tbverbs-probe 1:" + o.token);
   sco.timeout = std::chrono::milliseconds(o.timeout_ms * 4);
   if (rank == 0 && !o.local)
     sco.on_listening = [](std::uint16_t port) {
@@ -1176,9 +1196,23 @@ int run_end(const Options& o, int rank, const std::string& coordinator, bool pri
       }());
   if (!hosts) return die("exchanging the host descriptions", hosts.error());
   json hj = json::array();
-  for (const auto& h : *hosts) hj.push_back(json::parse(std::string(reinterpret_cast<const char*>(h.data()), h.size())));
+  for (const auto& h : *hosts) {
+    json one = json::parse(std::string(reinterpret_cast<const char*>(h.data()), h.size()), nullptr, false);
+    if (!one.is_object()) {
+      const Error bad = Error::make(Step::side_channel, ErrorKind::bad_frame, "a host description is not a JSON object");
+      sc->abort(bad);
+      return die("exchanging the host descriptions", bad);
+    }
+    hj.push_back(std::move(one));
+  }
   auto peer_dev = e.swap(json{{"device", std::string(e.ctx->name())}, {"gid", e.gid->gid().to_string()}});
   if (!peer_dev) return die("exchanging the devices", peer_dev.error());
+  if (!peer_dev->is_object() || !(*peer_dev)["device"].is_string() || !(*peer_dev)["gid"].is_string()) {
+    const Error bad = Error::make(Step::side_channel, ErrorKind::bad_frame,
+                                  "the other end's device message is not {\"device\": string, \"gid\": string}");
+    sc->abort(bad);
+    return die("exchanging the devices", bad);
+  }
   out["link"] = {{"device", std::string(e.ctx->name())}, {"gid", e.gid->gid().to_string()},
                  {"gid_index", e.gid->index()}, {"peer_device", (*peer_dev)["device"]}, {"peer_gid", (*peer_dev)["gid"]},
                  {"summary", std::string(e.ctx->name()) + " " + e.gid->gid().to_string() + " <-> " +
@@ -1253,6 +1287,21 @@ int run_end(const Options& o, int rank, const std::string& coordinator, bool pri
   return e.errors.empty() ? 0 : 1;
 }
 
+
+// One end, with every byte from the other end untrusted: a message the checks above did not expect
+// (a JSON value of another type, a field missing) is a clear error naming the other end, never a
+// terminate (issue 19 item 1).
+int run_end(const Options& o, int rank, const std::string& coordinator, bool print) {
+  try {
+    return run_end_unguarded(o, rank, coordinator, print);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr,
+                 "tbverbs-probe (%s): FAILED: the other end sent a message this probe cannot use (%s); is it "
+                 "tbverbs-probe of the same version, started with the same --token?\n",
+                 rank == 0 ? "server" : "client", ex.what());
+    return 1;
+  }
+}
 
 // --local: two emulated hosts whose cable does not follow the device naming (host0's rdma_en2 to
 // host1's rdma_en1, and a spare rdma_en1 on host0 with no cable), so discovery is part of the run.
@@ -1349,6 +1398,10 @@ int main(int argc, char** argv) {
   bool explain_flag = false;
   app.add_flag("--explain", explain_flag, "print every QP attribute the probe sets, with why (TBVERBS_EXPLAIN=1)");
   app.add_flag("--keep", o.keep, "--local: keep the temporary directory");
+  std::string token_file;
+  app.add_option("--token", o.token, "shared secret both ends must give (also TBVERBS_PROBE_TOKEN)");
+  app.add_option("--token-file", token_file, "read the shared secret from this file (first line)")
+      ->check(CLI::ExistingFile);
   if (const int rc = cli::parse_args(app, argc, argv); rc >= 0) return rc; // a usage error exits 2
   if (explain_flag) set_explain(true);
   ::signal(SIGPIPE, SIG_IGN);
@@ -1389,6 +1442,16 @@ int main(int argc, char** argv) {
   if (!o.quirks.empty() && !o.local) {
     std::fprintf(stderr, "tbverbs-probe: --quirk only applies to --local (the emulator)\n");
     return 2;
+  }
+  if (!token_file.empty()) {
+    std::ifstream f(token_file);
+    std::getline(f, o.token);
+    if (o.token.empty()) {
+      std::fprintf(stderr, "tbverbs-probe: --token-file %s: no secret on its first line\n", token_file.c_str());
+      return 2;
+    }
+  } else if (const char* t = std::getenv("TBVERBS_PROBE_TOKEN"); o.token.empty() && t != nullptr) {
+    o.token = t;
   }
   if (o.quick) {
     o.iters = std::min(o.iters, 100);

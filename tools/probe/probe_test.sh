@@ -120,5 +120,38 @@ case "$CASE" in
     expect "empty_rq"
     echo "ok: usage errors"
     ;;
+  hostile)
+    # Issue 19 item 1: `--server` against an other end that joins with the probe's token and then
+    # sends garbage (HOSTILE PORT MODE), or that has another --token: exit 1 with a clear error,
+    # never a terminate or a signal. The two ends are host0 and host1 of a two-host fabric.
+    HOSTILE=$1; EMU=$2
+    source "$(dirname "$0")/../../tests/common/ports.sh"
+    cat >"$WORK/fabric.json" <<'JSON'
+{"profile": "thunderbolt",
+ "hosts": [{"name": "host0", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.98.0.1/30"}]}]},
+           {"name": "host1", "devices": [{"name": "rdma_en1", "ports": [{"port": 1, "ipv4": "10.98.0.2/30"}]}]}],
+ "cables": [["host0:rdma_en1:1", "host1:rdma_en1:1"]]}
+JSON
+    export TBVERBS_EMU_FABRIC=$WORK/fabric.json TBVERBS_EMU_STATE_DIR=$WORK/state TBVERBS_LIBRARY=$EMU
+    one() {  # MODE WANT_TEXT [probe args...]
+      local mode=$1 want=$2; shift 2
+      local port; port=$(free_port)
+      TBVERBS_EMU_HOST=host0 "$PROBE" --server --port "$port" --timeout 1500 "$@" >"$WORK/probe.txt" 2>&1 &
+      local probe=$!
+      sleep 0.3
+      TBVERBS_EMU_HOST=host1 "$HOSTILE" "$port" "$mode" ${HOSTILE_TOKEN:-} >"$WORK/peer.txt" 2>&1
+      local peer_rc=$?
+      wait $probe; local rc=$?
+      { echo "+ $mode (probe exit $rc, peer exit $peer_rc)"; cat "$WORK/probe.txt"; echo "+ peer:"; cat "$WORK/peer.txt"; } >"$OUT"
+      [ $rc -eq 1 ] || fail "$mode: the probe exited $rc, expected 1 (a clear error)"
+      expect_not "terminate called|Sanitizer|Aborted"
+      expect "$want"
+      echo "ok: $mode: exit 1, \"$want\""
+    }
+    one not_json "FAILED during exchanging the host descriptions: .*host description is not a JSON object"
+    one device_type "FAILED during exchanging the devices: .*device message is not"
+    # A peer with the public token against a probe started with a secret: refused at the rendezvous.
+    one not_json "FAILED during the side-channel rendezvous" --token s3cret
+    ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
