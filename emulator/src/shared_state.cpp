@@ -246,11 +246,43 @@ void collect_dead(Shared* s) {
     if (m.key && !pid_alive(m.pid)) m.key = 0;
 }
 
+namespace {
+// The work directories of `--local` launchers (ring_all_sum, tbverbs-probe: /tmp/tbverbs-ring-*,
+// /tmp/tbverbs-probe-*) whose launcher is gone, by the "PID STATE" line it wrote in `launcher`
+// (tools/common/local_scratch.hpp). Their fabric files count as gone, and once their state is
+// removed the work directory goes too (issue 19 item 5: a launcher killed with SIGKILL left both).
+struct DeadLauncher {
+  std::string dir, state;
+};
+std::vector<DeadLauncher> dead_launchers() {
+  namespace fs = std::filesystem;
+  std::vector<DeadLauncher> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/tmp", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("tbverbs-ring-", 0) != 0 && name.rfind("tbverbs-probe-", 0) != 0) continue;
+    struct stat st {};
+    const std::string dir = entry.path().string();
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    std::ifstream f(dir + "/launcher");
+    int32_t pid = 0;
+    std::string state;
+    if (!(f >> pid >> state) || pid <= 0 || pid_alive(pid)) continue;
+    out.push_back({dir, state});
+  }
+  return out;
+}
+bool under_dir(const std::string& path, const std::string& dir) {
+  return path.size() > dir.size() && path.rfind(dir, 0) == 0 && path[dir.size()] == '/';
+}
+}  // namespace
+
 std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, const std::string& under) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
   const std::string mine = "tbverbs-emu-" + std::to_string(getuid()) + "-";
   const auto now = fs::file_time_type::clock::now();
+  const std::vector<DeadLauncher> dead = dead_launchers();
   for (const char* base : {"/dev/shm", "/tmp"}) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(base, ec)) {
@@ -268,8 +300,9 @@ std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, c
       std::string fabric;
       std::ifstream(dir + "/fabric") >> fabric;
       // A fabric file under `under` counts as gone: its owner (a test tree's clean-up) is done with it.
-      const bool done_with = !under.empty() && !fabric.empty() && fabric.rfind(under, 0) == 0 &&
-                             (fabric.size() == under.size() || fabric[under.size()] == '/' || under.back() == '/');
+      bool done_with = !under.empty() && !fabric.empty() && fabric.rfind(under, 0) == 0 &&
+                       (fabric.size() == under.size() || fabric[under.size()] == '/' || under.back() == '/');
+      for (const auto& d : dead) done_with = done_with || (!fabric.empty() && under_dir(fabric, d.dir));
       const bool fabric_gone = done_with ||
                                (!fabric.empty() ? (fabric != "(built-in)" && !fs::exists(fabric, ec))
                                                 : now - fs::last_write_time(dir, ec) > std::chrono::minutes(10));
@@ -298,6 +331,16 @@ std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, c
       if (!dry_run) fs::remove_all(dir, ec);
       removed.push_back(dir);
     }
+  }
+  // A dead launcher's work directory, once its state is gone (removed above, or never made).
+  for (const auto& d : dead) {
+    std::error_code ec;
+    const bool state_left = !d.state.empty() && !under_dir(d.state, d.dir) && fs::exists(d.state, ec) &&
+                            std::find(removed.begin(), removed.end(), d.state) == removed.end();
+    if (state_left) continue;
+    if (report) *report += (dry_run ? "would remove " : "removed ") + d.dir + " (its launcher is gone)\n";
+    if (!dry_run) fs::remove_all(d.dir, ec);
+    removed.push_back(d.dir);
   }
   return removed;
 }

@@ -31,6 +31,12 @@ struct LocalScratch {
     LocalScratch s{tmp, (std::filesystem::path(tmp) / "state").string()};
     std::string shm = "/dev/shm/tbverbs-" + tool + "-XXXXXX";
     if (state_in_memory && ::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm.data()) != nullptr) s.state = shm;
+    // Who owns the pair: `tbverbs-emu gc` removes both once this process is gone and no process
+    // holds objects in the state (a launcher killed with SIGKILL cannot remove them; issue 19 item 5).
+    if (std::FILE* f = std::fopen((s.dir / "launcher").c_str(), "w")) {
+      std::fprintf(f, "%d %s\n", static_cast<int>(::getpid()), s.state.c_str());
+      std::fclose(f);
+    }
     return s;
   }
   /// Removes both (best effort: the run is over, nothing is left to report to).

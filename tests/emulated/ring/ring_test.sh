@@ -371,6 +371,35 @@ case "$CASE" in
     [ ! -e "$tmpdir" ] || fail "$tmpdir is still there after SIGINT"
     echo "ok: SIGINT stopped the ranks, removed $tmpdir, exit 130"
     ;;
+  sigkill)
+    # SIGKILL of the launcher mid-run (issue 19 item 5): it cannot clean up; its ranks die with it
+    # (PR_SET_PDEATHSIG), and `tbverbs-emu gc` must then remove both its /tmp work directory and
+    # its /dev/shm state (2.3 MB each time), which nothing removed before.
+    echo "+ $RING --local 2 --size 16M --iters 100000 --quiet (SIGKILL after 1.5 s)" >"$OUT"
+    "$RING" --local 2 --size 16M --iters 100000 --quiet >>"$OUT" 2>&1 &
+    pid=$!
+    sleep 1.5
+    tmpdir=$(sed -nE 's|.*fabric (/tmp/tbverbs-ring-[A-Za-z0-9]+)/fabric.json.*|\1|p' "$OUT" | head -1)
+    [ -n "$tmpdir" ] || fail "the launcher did not name its temporary directory"
+    read -r owner state <"$tmpdir/launcher" || fail "$tmpdir/launcher: no owner record"
+    [ "$owner" = "$pid" ] || fail "$tmpdir/launcher names pid $owner, the launcher is $pid"
+    kill -KILL "$pid"
+    wait "$pid" 2>/dev/null
+    [ -e "$tmpdir" ] || fail "$tmpdir vanished before gc: nothing to test"
+    # The ranks follow their parent within moments, and gc keeps a state a live process still
+    # holds objects in: run it until they are gone (5 s at most).
+    gc_out=""
+    for _ in $(seq 1 50); do
+      gc_out+=$("$CLI" gc 2>&1)$'\n'
+      [ -e "$tmpdir" ] || break
+      sleep 0.1
+    done
+    echo "$gc_out" >>"$OUT"
+    [ ! -e "$tmpdir" ] || fail "gc left $tmpdir"
+    [ -z "$state" ] || [ ! -e "$state" ] || fail "gc left the state $state"
+    echo "$gc_out" | grep -q "removed $tmpdir (its launcher is gone)" || fail "gc did not say it removed $tmpdir"
+    echo "ok: after SIGKILL of the launcher, gc removed $tmpdir and $state"
+    ;;
   sigpipe)
     # The reader of the launcher's output goes away (`| head -1`): the launcher must still wait
     # for its ranks and remove its temporary directory (SIGPIPE killed it, and the directories
