@@ -86,7 +86,7 @@ EMU_EXPORT int tbemu_reset(const char* fabric) {
     s->ports[i].prefix = f->ports[i].initial_prefix;
   }
   std::memset(s->faults, 0, sizeof s->faults);
-  s->nfaults = 0;
+  __atomic_store_n(&s->nfaults, 0u, __ATOMIC_RELEASE);  // read without the lock by the fault checks
   for (auto& q : s->qps) q.drop_tx = 0;
   for (uint32_t i = 0; i < kNumQuirks; ++i) __atomic_store_n(&s->quirks[i], f->quirks[i], __ATOMIC_RELAXED);
   free_leaked_pds(s);  // a reboot

@@ -891,7 +891,9 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
       if (ft.kind == kFaultDropNext && (ft.host < 0 || ft.host == c->host)) {
         x.drop_tx = 1;
         ft.kind = kFaultNone;
-        --s->nfaults;
+        // Atomic, as every other writer: the verbs' fault checks read the count without the lock
+        // (TSan saw the plain decrement race with ibv_query_device's check in another thread).
+        __atomic_sub_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
         break;
       }
     __atomic_store_n(&x.in_use, 1u, __ATOMIC_RELEASE);
