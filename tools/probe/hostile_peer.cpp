@@ -6,6 +6,8 @@
 //         device_type  a valid host description, then a device message whose fields are numbers
 // The verbs library is TBVERBS_LIBRARY (the emulator, as host1 of its fabric). Exits 0 once the
 // probe has hung up or aborted, 3 when it could not even play its part.
+#include "probe_token.hpp"
+
 #include <tbverbs/side_channel.hpp>
 #include <tbverbs/tbverbs.hpp>
 #include <tbverbs/topology.hpp>
@@ -28,7 +30,7 @@ int main(int argc, char** argv) {
   o.rank = 1;
   o.size = 2;
   o.coordinator = std::string("127.0.0.1:") + argv[1];
-  o.job_token = side_channel_token(token.empty() ? std::string("tbverbs-probe 1") : "tbverbs-probe 1:" + token);
+  o.job_token = probe_job_token(token);
   o.timeout = std::chrono::seconds(20);
   auto sc = SideChannel::connect(o);
   if (!sc) {

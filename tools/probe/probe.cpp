@@ -17,6 +17,7 @@
 #include "../common/launcher_env.hpp"
 #include "../common/local_scratch.hpp"
 #include "../common/size_arg.hpp"
+#include "probe_token.hpp"
 
 #include <tbverbs/budget.hpp>
 #include <tbverbs/explain.hpp>
@@ -1163,7 +1164,7 @@ int run_end_unguarded(const Options& o, int rank, const std::string& coordinator
   // Without a token anyone who reaches the port can join as the other end and read this host's
   // description (docs/thunderbolt.md, "What the probe exposes"); with one, only an end given the
   // same secret gets past the rendezvous.
-  sco.job_token = side_channel_token(o.token.empty() ? std::string("tbverbs-probe 1") : "tbverbs-probe 1:" + o.token);
+  sco.job_token = probe_job_token(o.token);
   sco.timeout = std::chrono::milliseconds(o.timeout_ms * 4);
   if (rank == 0 && !o.local)
     sco.on_listening = [](std::uint16_t port) {

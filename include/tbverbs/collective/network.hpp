@@ -90,37 +90,31 @@ constexpr std::string_view transport_name(Transport t) noexcept {
   return "?";
 }
 
+/// The word of any setting: memory_name, transport_name or algorithm_name, by type (the one name
+/// table parse_setting and setting_choices walk).
+constexpr std::string_view setting_name(Memory m) noexcept { return memory_name(m); }
+/// The word of a Transport (transport_name) or an Algorithm (algorithm_name), as setting_name(Memory).
+constexpr std::string_view setting_name(Transport t) noexcept { return transport_name(t); }
+/// The word of a Transport (transport_name) or an Algorithm (algorithm_name), as setting_name(Memory).
+constexpr std::string_view setting_name(Algorithm a) noexcept { return algorithm_name(a); }
+/// How many values a setting (Memory, Transport, Algorithm) has: 0 .. setting_count - 1.
+template <class Setting> constexpr std::uint8_t setting_count = std::is_same_v<Setting, Algorithm> ? 4 : 3;
+
 /// The setting called `name` (the words of memory_name, transport_name and algorithm_name: the
 /// one parser of TBVERBS_MEMORY, TBVERBS_TRANSPORT, TBVERBS_ALGORITHM and ring_all_sum's flags),
 /// or nullopt. `Setting` is Memory, Transport or Algorithm.
 template <class Setting> constexpr std::optional<Setting> parse_setting(std::string_view name) noexcept {
-  static_assert(std::is_same_v<Setting, Memory> || std::is_same_v<Setting, Transport> ||
-                std::is_same_v<Setting, Algorithm>);
-  for (std::uint8_t v = 0; v < 4; ++v) {
-    const auto s = static_cast<Setting>(v);
-    std::string_view n;
-    if constexpr (std::is_same_v<Setting, Memory>) n = memory_name(s);
-    else if constexpr (std::is_same_v<Setting, Transport>) n = transport_name(s);
-    else n = algorithm_name(s);
-    if (n != "?" && n == name) return s;
-  }
+  for (std::uint8_t v = 0; v < setting_count<Setting>; ++v)
+    if (setting_name(static_cast<Setting>(v)) == name) return static_cast<Setting>(v);
   return std::nullopt;
 }
 
 /// The accepted words of a setting, for an error message: "auto, registered or staged".
 template <class Setting> inline std::string setting_choices() {
+  constexpr std::uint8_t n = setting_count<Setting>;
   std::string out;
-  std::vector<std::string_view> names;
-  for (std::uint8_t v = 0; v < 4; ++v) {
-    const auto s = static_cast<Setting>(v);
-    std::string_view n;
-    if constexpr (std::is_same_v<Setting, Memory>) n = memory_name(s);
-    else if constexpr (std::is_same_v<Setting, Transport>) n = transport_name(s);
-    else n = algorithm_name(s);
-    if (n != "?") names.push_back(n);
-  }
-  for (std::size_t i = 0; i < names.size(); ++i)
-    out += std::string(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
+  for (std::uint8_t v = 0; v < n; ++v)
+    out.append(v == 0 ? "" : v + 1 == n ? " or " : ", ").append(setting_name(static_cast<Setting>(v)));
   return out;
 }
 
