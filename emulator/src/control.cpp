@@ -180,6 +180,59 @@ EMU_EXPORT int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn) {
   return 0;
 }
 
+EMU_EXPORT int tbemu_fault_qp_fatal(const char* fabric, uint32_t qpn) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
+  Guard g(f->shm->lock);
+  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  ShmFault* ft = free_fault(f->shm);
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = -1;
+  ft->qpn = qpn;
+  // ERR at once for the peer's sends (they meet a QP that receives nothing); the owner flushes
+  // the QP's own work requests and reports the event (async_events.cpp).
+  __atomic_store_n(&q.state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
+  __atomic_store_n(&q.fatal, 1u, __ATOMIC_RELEASE);
+  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultQpFatal), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+EMU_EXPORT int tbemu_set_device_removed(const char* fabric, const char* host, const char* device, int removed) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  const int h = f->find_host(host ? host : "");
+  const int d = f->find_device(h, device ? device : "");
+  if (d < 0) return fail(ENOENT, std::string("unknown host or device \"") + (host ? host : "") + ":" +
+                                     (device ? device : "") + "\"");
+  Shared* s = f->shm;
+  Guard g(s->lock);
+  for (std::size_t p = 0; p < f->ports.size(); ++p)
+    if (f->ports[p].device == d) __atomic_store_n(&s->ports[p].removed, removed ? 1u : 0u, __ATOMIC_RELEASE);
+  // While removed, an armed fault keeps the data path's check on its slow branch, where the
+  // device's contexts find out (async_events.cpp).
+  ShmFault* armed = nullptr;
+  for (auto& ft : s->faults)
+    if (ft.kind == kFaultDeviceRemoved && ft.device == d) armed = &ft;
+  if (removed && !armed) {
+    ShmFault* ft = free_fault(s);
+    if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+    std::memset(ft, 0, sizeof *ft);
+    ft->host = h;
+    ft->device = d;
+    __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDeviceRemoved), __ATOMIC_RELEASE);
+    __atomic_add_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
+  } else if (!removed && armed) {
+    armed->kind = kFaultNone;
+    __atomic_sub_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
+  }
+  return 0;
+}
+
 EMU_EXPORT int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
@@ -255,6 +308,7 @@ EMU_EXPORT int tbemu_fault_clear(const char* fabric) {
   std::memset(f->shm->faults, 0, sizeof f->shm->faults);
   __atomic_store_n(&f->shm->nfaults, 0u, __ATOMIC_RELEASE);
   for (auto& q : f->shm->qps) __atomic_store_n(&q.drop_tx, 0u, __ATOMIC_RELEASE);
+  for (auto& p : f->shm->ports) __atomic_store_n(&p.removed, 0u, __ATOMIC_RELEASE);  // removed devices return
   free_leaked_pds(f->shm);
   return 0;
 }

@@ -542,6 +542,25 @@ Tx try_atomic(EmuQp* q, SendOp& op, const PeerView& pv) {
 }
 
 // Attempts one send work request.
+// Trace lines of the sender's side of a message (trace.cpp): lost on the way, with the reason and
+// the quirk or fault that decided it; delivered into the peer's memory.
+void lost(const EmuQp* q, const SendOp& op, const char* why) {
+  EMU_TRACE_QP(q, "drop", "wr_id=%llu op=%s len=%llu %s", static_cast<unsigned long long>(op.wr_id),
+               opcode_name(op.opcode), static_cast<unsigned long long>(op.len), why);
+}
+void delivered(const EmuQp* q, const SendOp& op, const PeerView& pv, int64_t due = 0) {
+  if (__builtin_expect(!g_trace_on, 1)) return;
+  const Fabric& f = *q->ctx->fab;
+  const uint32_t dev = pv.qp ? __atomic_load_n(&pv.qp->device, __ATOMIC_RELAXED) : 0;
+  const bool known = pv.qp && dev < f.devices.size();
+  const int64_t late = due ? due - now_ns() : 0;
+  trace_event(f, q->ctx->host, q->ctx->dev, q->qp.qp_num, "deliver",
+              "wr_id=%llu op=%s len=%llu to=%s:%s:0x%06x%s", static_cast<unsigned long long>(op.wr_id),
+              opcode_name(op.opcode), static_cast<unsigned long long>(op.len),
+              known ? f.hosts[f.devices[dev].host].name.c_str() : "?", known ? f.devices[dev].name.c_str() : "?",
+              pv.qpn, late > 0 ? " (paced link: completes later)" : "");
+}
+
 Tx try_send(EmuQp* q, SendOp& op) {
   Fabric& f = *q->ctx->fab;
   const int64_t ready_ns = f.paced ? now_ns() : 0;  // wire_due: before the copy
@@ -567,17 +586,20 @@ Tx try_send(EmuQp* q, SendOp& op) {
                    "tbverbs-emu: RDMA WRITE on Thunderbolt (%s) is accepted and completes but moves nothing, "
                    "as reported for Apple's driver (ds4); this is printed once per process\n",
                    f.devices[q->ctx->dev].name.c_str());
+    lost(q, op, "reason=thunderbolt_write_moves_nothing (as reported for Apple's driver, ds4)");
     complete_sent(q, op);
     return Tx::Done;
   }
   if (__atomic_load_n(&q->s->drop_tx, __ATOMIC_RELAXED)) {
     if (rc) return Tx::NotReady;  // the wire eats it; RC notices through its retry timer
+    lost(q, op, "reason=direction_dead fault=drop or empty_rq=kill");
     complete_sent(q, op);
     return Tx::Done;
   }
   if (tb && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
     // Quirk macos=26.2 (ds4, JACCL): a message of more than one frame is never
     // delivered; the send completes, the peer's receive stays posted.
+    lost(q, op, "reason=multi_frame_message quirk=macos=26.2");
     complete_sent(q, op);
     return Tx::Done;
   }
@@ -588,11 +610,13 @@ Tx try_send(EmuQp* q, SendOp& op) {
   if (peer == Peer::NoLink || peer == Peer::Absent) {
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;
+    lost(q, op, peer == Peer::NoLink ? "reason=no_link (port down or no cable)" : "reason=no_peer_qp");
     complete_sent(q, op);  // UC: silently lost
     return Tx::Done;
   }
   if (peer == Peer::NotReady && !wait) {
     if (rc) return Tx::NotReady;
+    lost(q, op, "reason=peer_qp_not_ready (not in RTR/RTS, or not connected back)");
     complete_sent(q, op);  // UC: silently lost
     return Tx::Done;
   }
@@ -613,6 +637,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         complete_send(q, op, IBV_WC_REM_ACCESS_ERR);
         qp_to_error(q);
       } else {
+        lost(q, op, "reason=remote_access (rkey, range or rights)");
         complete_sent(q, op);  // UC responder drops bad packets silently
       }
       return Tx::Done;
@@ -626,6 +651,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
       }
       if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len, pv.pid_start) != Copy::Ok) {
         if (rc) return Tx::NotReady;
+        lost(q, op, "reason=dead_peer");
         complete_sent(q, op);
         return Tx::Done;
       }
@@ -637,6 +663,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
         }
         q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
       }
+      delivered(q, op, pv);
       complete_sent(q, op);
       return Tx::Done;
     }
@@ -692,6 +719,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
     case Gone:
       if (wait) return Tx::NoCredit;
       if (rc) return Tx::NotReady;
+      lost(q, op, "reason=peer_qp_gone");
       complete_sent(q, op);
       return Tx::Done;
     case Empty:
@@ -699,6 +727,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
         // UC, no receive posted: lost (drop). kill (ds4's report on Apple's driver):
         // lost, and the direction then stays dead.
         if (mode == kEmptyRqKill) __atomic_store_n(&q->s->drop_tx, 1u, __ATOMIC_RELEASE);
+        lost(q, op, mode == kEmptyRqKill ? "reason=empty_receive_queue quirk=empty_rq=kill (this direction is now dead)"
+                                         : "reason=empty_receive_queue quirk=empty_rq=drop");
         complete_sent(q, op);
         return Tx::Done;
       }
@@ -711,10 +741,12 @@ Tx try_send(EmuQp* q, SendOp& op) {
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
+    lost(q, op, "reason=dead_peer");
     complete_sent(q, op);
     return Tx::Done;
   }
   const int64_t due = wire_due(f, q->s->port, op.len, ready_ns);
+  delivered(q, op, pv, due);
   cq_push(f, pv.recv_cq, recv_wc(e, o, op.opcode, op.len, op.imm, pv.qpn, q->qp.qp_num),
           (op.flags & IBV_SEND_SOLICITED) != 0, due);
   ibv_wc_status sender_status = rc ? o.sender : IBV_WC_SUCCESS;  // UC has no responder feedback
@@ -837,9 +869,14 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int6
     uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
     if (c.tail - head >= c.capacity) {
       // CQ overrun: the completion is lost, as on hardware. Say so once per CQ.
-      if (!c.overflow)
+      // overflow: 1 = overran, 2 = its owner reported IBV_EVENT_CQ_ERR (async_events.cpp).
+      if (!c.overflow) {
         std::fprintf(stderr, "tbverbs-emu: CQ overrun (capacity %u): completions are being lost\n", c.capacity);
-      c.overflow = 1;
+        c.overflow = 1;
+      }
+      if (g_trace_on)
+        trace_event(f, -1, static_cast<int>(c.device), wc.qp_num, "cq_overrun", "wr_id=%llu capacity=%u (completion lost)",
+                    static_cast<unsigned long long>(wc.wr_id), c.capacity);
       return;
     }
     uint32_t pos = c.tail;
@@ -878,6 +915,8 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int6
 
 void qp_to_error(EmuQp* q) {
   Fabric& f = *q->ctx->fab;
+  EMU_TRACE_QP(q, "to_error", "sends_pending=%zu receives_posted=%u (all complete with WR_FLUSH_ERR)", q->pending.size(),
+               __atomic_load_n(&q->s->tail, __ATOMIC_RELAXED) - __atomic_load_n(&q->s->head, __ATOMIC_RELAXED));
   __atomic_store_n(&q->s->state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
   q->attr.qp_state = IBV_QPS_ERR;
   q->qp.state = IBV_QPS_ERR;
@@ -945,6 +984,7 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
 int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto* q = reinterpret_cast<EmuQp*>(qp);
   Fabric& f = *q->ctx->fab;
+  if (__atomic_load_n(&f.shm->nfaults, __ATOMIC_RELAXED)) apply_async_faults(q->ctx);
   if (int e = fault_check(f, "ibv_post_send", q->ctx->host)) {
     if (bad) *bad = wr;
     return e;
@@ -1010,6 +1050,9 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       if (bad) *bad = wr;
       return EINVAL;
     }
+    EMU_TRACE_QP(q, "post_send", "wr_id=%llu op=%s len=%llu%s%s", static_cast<unsigned long long>(op.wr_id),
+                 opcode_name(op.opcode), static_cast<unsigned long long>(op.len), op.is_inline ? " inline" : "",
+                 state == IBV_QPS_ERR ? " (QP in ERR: flushed)" : "");
     if (state == IBV_QPS_ERR) {
       complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
       continue;
@@ -1065,6 +1108,7 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   Fabric& f = *q->ctx->fab;
   Shared* s = f.shm;
   const bool tb = is_tb(q);
+  if (__atomic_load_n(&s->nfaults, __ATOMIC_RELAXED)) apply_async_faults(q->ctx);
   if (int e = fault_check(f, "ibv_post_recv", q->ctx->host)) {
     if (bad) *bad = wr;
     return e;
@@ -1093,6 +1137,8 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
         e.sge[i].addr = a;
     }
     e.frames = tb ? frames_of(e.total) : 1;
+    EMU_TRACE_QP(q, "post_recv", "wr_id=%llu len=%llu%s", static_cast<unsigned long long>(e.wr_id),
+                 static_cast<unsigned long long>(e.total), state == IBV_QPS_ERR ? " (QP in ERR: flushed)" : "");
     if (state == IBV_QPS_ERR) {
       ibv_wc wc{};
       wc.wr_id = e.wr_id;
@@ -1156,6 +1202,8 @@ void rx_drain(EmuQp* q) {
     me->recv_frames -= std::min(me->recv_frames, e.frames);
     // Paced: the message leaves the sender's port now that it has credit (its wire time starts here).
     const int64_t due = wire_due(f, sq.port, w.len, ready_ns);
+    EMU_TRACE_QP(q, "deliver", "wr_id=%llu op=SEND len=%llu from=0x%06x (a send that waited for this receive, empty_rq=wait)",
+                 static_cast<unsigned long long>(e.wr_id), static_cast<unsigned long long>(w.len), w.src_qpn);
     cq_push(f, me->recv_cq, recv_wc(e, o, IBV_WR_SEND, w.len, 0, me->qpn, w.src_qpn), w.solicited != 0, due);
     complete_waiting(f, w, IBV_WC_SUCCESS, due);  // UC: the sender learns nothing of receive errors
   }
@@ -1260,11 +1308,31 @@ void nap(ShmBell& bell, uint32_t seen, int64_t until_ns) {
 
 }  // namespace
 
+namespace {
+int poll_cq(ibv_cq* cq, int ne, ibv_wc* wc);
+}
+
 int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
+  const int n = poll_cq(cq, ne, wc);
+  if (__builtin_expect(g_trace_on, 0) && n > 0) {
+    auto* c = reinterpret_cast<EmuCq*>(cq);
+    for (int i = 0; i < n; ++i)
+      trace_event(*c->fab, c->host, c->dev, wc[i].qp_num, "complete", "wr_id=%llu status=%s opcode=%s len=%u",
+                  static_cast<unsigned long long>(wc[i].wr_id), ibv_wc_status_str(wc[i].status),
+                  wc_opcode_name(wc[i].opcode), wc[i].byte_len);
+  }
+  return n;
+}
+
+namespace {
+
+int poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   auto* c = reinterpret_cast<EmuCq*>(cq);
   Shared* sh = c->fab->shm;
-  if (__atomic_load_n(&sh->nfaults, __ATOMIC_RELAXED))
+  if (__atomic_load_n(&sh->nfaults, __ATOMIC_RELAXED)) {
+    apply_async_faults(reinterpret_cast<EmuContext*>(verbs_get_ctx(c->cq.context)));
     if (int e = fault_check(*c->fab, "ibv_poll_cq", c->host)) return -e;
+  }
   if (any_pending()) progress_all();
   ShmCq& s = *c->s;
   // Whether any CQ of this process got a completion since this thread's previous poll (of any
@@ -1337,6 +1405,8 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
   if (n > 0) t_spin_from_ns = t_last_call_ns;
   return n;
 }
+
+}  // namespace
 
 int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
   auto* c = reinterpret_cast<EmuCq*>(cq);

@@ -207,6 +207,10 @@ struct ShmPort {
   uint32_t has_ip;
   uint32_t ip;       // host byte order
   uint32_t prefix;
+  // `tbverbs-emu device-remove`: the device of this port is gone (IBV_EVENT_DEVICE_FATAL on its
+  // contexts; the port reads PORT_DOWN until device-restore, fault clear or reset).
+  uint32_t removed;
+  uint32_t pad;
   // Link pacing: when the direction out of this port is free again (CLOCK_MONOTONIC ns;
   // compare-and-swap by every sender on the port, see wire_due in datapath.cpp).
   int64_t busy_until_ns;
@@ -224,7 +228,18 @@ struct ShmBell {
   uint64_t pid_start;  // with pid, names the process (pids are reused)
 };
 
-enum FaultKind : uint32_t { kFaultNone = 0, kFaultFailCall = 1, kFaultDropNext = 2, kFaultDelay = 3, kFaultStickyLoss = 4 };
+// kFaultQpFatal and kFaultDeviceRemoved are armed until their owners have acted on them (they
+// raise an asynchronous event and flush work requests in the owning process, see
+// async_events.cpp); while armed they keep the data path's fault check on its slow branch.
+enum FaultKind : uint32_t {
+  kFaultNone = 0,
+  kFaultFailCall = 1,
+  kFaultDropNext = 2,
+  kFaultDelay = 3,
+  kFaultStickyLoss = 4,
+  kFaultQpFatal = 5,
+  kFaultDeviceRemoved = 6,
+};
 
 struct ShmFault {
   uint32_t kind;
@@ -236,6 +251,8 @@ struct ShmFault {
   uint32_t failed;
   int32_t err;
   uint32_t delay_us; // kFaultDelay
+  uint32_t qpn;      // kFaultQpFatal: the QP
+  int32_t device;    // kFaultDeviceRemoved: the global device index
 };
 
 struct ShmMr {
@@ -313,6 +330,9 @@ struct ShmQp {
   // Thunderbolt: frames of this QP's sends posted and not yet completed (atomic;
   // the sender adds, whoever completes the send subtracts). Bounded by max_send_wr.
   uint32_t tx_frames;
+  // `tbverbs-emu fault qp-fatal`: 1 = raised (the QP is in ERR), 2 = its owner reported
+  // IBV_EVENT_QP_FATAL and flushed its work requests (async_events.cpp).
+  uint32_t fatal;
   uint32_t whead, wtail; // wait queue (sends addressed to this QP waiting for a receive)
   RecvEntry ring[kRecvRing];
   WaitEntry waiting[kWaitRing];
@@ -370,7 +390,7 @@ struct Shared {
   ShmBell bells[kMaxCqs];  // a process with a CQ has one: never more than the CQs
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d550009ull;  // "TBVEMU" v9 (the atomics lock)
+constexpr uint64_t kMagic = 0x54425645'4d55000aull;  // "TBVEMU" v10 (QP-fatal and device-removed faults)
 
 // The bell of this process, allocated on first use (caller holds shm->lock); kMaxCqs if none free.
 uint32_t own_bell(Shared* s);
@@ -415,7 +435,9 @@ inline uint32_t quirk(const Fabric& f, Profile p, Quirk q) {
 
 // ---------------------------------------------------------------- port view
 
-bool port_active(const Fabric& f, int port);  // own end up, cabled, other end up
+bool port_active(const Fabric& f, int port);  // own end up, cabled, other end up, neither device removed
+// Whether `tbverbs-emu device-remove` took the device (global index) away.
+bool device_removed(const Fabric& f, int device);
 // GID table: index 0 = fe80::<id>; index 1 = ::ffff:ipv4 while the port has one
 // (or, with "ipv4_gid_index": N in the fabric file, fe80:: entries at 1..N-1 and
 // the IPv4-mapped entry at N, as some Macs report).

@@ -21,19 +21,30 @@ struct EmuDevice {
   int index;       // global device index
 };
 
+struct EmuQp;
+struct EmuCq;
+
 struct EmuContext {
   verbs_context v;  // first; ibv_context lives at its end, as rdma-core requires
   Fabric* fab;
   int dev;
   int host;
-  // Asynchronous events (ibv_get_async_event): the ports' states this context last reported, bit
-  // p - 1 set when port p was active. A change (tbverbs-emu port-down / port-up, the other end's)
-  // becomes IBV_EVENT_PORT_ERR or IBV_EVENT_PORT_ACTIVE, one event per change, as rdma-core's
-  // kernel raises them (ibv_get_async_event(3)). Apple documents no async events (TN3205 is silent);
-  // that its driver raises port events is our assumption (docs/emulator.md, "Asynchronous events").
+  // Asynchronous events (ibv_get_async_event, async_events.cpp), all under events_mu:
+  // - the ports' states this context last reported, bit p - 1 set when port p was active. A change
+  //   (tbverbs-emu port-down / port-up, the other end's) becomes IBV_EVENT_PORT_ERR or
+  //   IBV_EVENT_PORT_ACTIVE, one event per change, as rdma-core's kernel raises them
+  //   (ibv_get_async_event(3));
+  // - events already decided (QP fatal, CQ error, device fatal), oldest first;
+  // - the context's QPs and CQs, whose shared state says when one failed.
+  // Apple documents no async events (TN3205 is silent); that its driver raises them is our
+  // assumption (docs/emulator.md, "Asynchronous events").
   std::mutex events_mu;
   uint32_t ports_seen_active = 0;
   int ports = 0;  // ports 1..ports exist
+  std::deque<ibv_async_event> queued;
+  bool device_fatal_reported = false;
+  std::vector<EmuQp*> qps;
+  std::vector<EmuCq*> cqs;
 };
 
 struct EmuPd {
@@ -132,6 +143,30 @@ struct EmuQp {
 };
 
 int64_t now_ns();
+
+// Asynchronous events (async_events.cpp). A context knows its QPs and CQs (registered at
+// create, unregistered at destroy) to find which of them failed.
+void register_qp(EmuContext* c, EmuQp* q);
+void unregister_qp(EmuContext* c, EmuQp* q);
+void register_cq(EmuContext* c, EmuCq* q);
+void unregister_cq(EmuContext* c, EmuCq* q);
+// Acts on a QP-fatal fault or a device removal that concerns `c`'s objects: queues the event and
+// moves the QPs to ERR (flushing their work requests). The data path calls it while faults are armed.
+void apply_async_faults(EmuContext* c);
+
+// Trace mode (trace.cpp): TBVERBS_EMU_TRACE, read once at load. trace_event writes one line
+// "emu-trace <µs> <host> <device> qp=0x<qpn> <event> <fmt...>"; EMU_TRACE_QP costs one load and
+// an unlikely branch while tracing is off.
+extern bool g_trace_on;
+void trace_event(const Fabric& f, int host, int dev, uint32_t qpn, const char* event, const char* fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+const char* opcode_name(ibv_wr_opcode op);
+const char* wc_opcode_name(ibv_wc_opcode op);
+#define EMU_TRACE_QP(q, event, ...)                                                                      \
+  do {                                                                                                  \
+    if (__builtin_expect(::emu::g_trace_on, 0))                                                         \
+      ::emu::trace_event(*(q)->ctx->fab, (q)->ctx->host, (q)->ctx->dev, (q)->qp.qp_num, (event), __VA_ARGS__); \
+  } while (0)
 
 // Data path (datapath.cpp).
 int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);

@@ -362,8 +362,15 @@ bool port_active(const Fabric& f, int port) {
   if (port < 0 || port >= static_cast<int>(f.ports.size())) return false;
   const ShmPort* sp = f.shm->ports;
   int peer = f.ports[port].peer;
-  return __atomic_load_n(&sp[port].up, __ATOMIC_ACQUIRE) && peer >= 0 &&
-         __atomic_load_n(&sp[peer].up, __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&sp[port].up, __ATOMIC_ACQUIRE) && !__atomic_load_n(&sp[port].removed, __ATOMIC_ACQUIRE) &&
+         peer >= 0 && __atomic_load_n(&sp[peer].up, __ATOMIC_ACQUIRE) &&
+         !__atomic_load_n(&sp[peer].removed, __ATOMIC_ACQUIRE);
+}
+
+bool device_removed(const Fabric& f, int device) {
+  for (std::size_t p = 0; p < f.ports.size(); ++p)
+    if (f.ports[p].device == device) return __atomic_load_n(&f.shm->ports[p].removed, __ATOMIC_ACQUIRE) != 0;
+  return false;
 }
 
 uint32_t gid_table_len(const Fabric& f, int port) {

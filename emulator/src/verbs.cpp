@@ -207,6 +207,10 @@ EMU_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
     errno = e;
     return nullptr;
   }
+  if (device_removed(*d->fab, d->index)) {
+    errno = ENODEV;  // tbverbs-emu device-remove: as a device unplugged under its ibv_device
+    return nullptr;
+  }
   auto* c = new (std::nothrow) EmuContext{};
   if (!c) {
     errno = ENOMEM;
@@ -710,8 +714,11 @@ EMU_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context
   pthread_mutex_init(&q->cq.mutex, nullptr);
   pthread_cond_init(&q->cq.cond, nullptr);
   if (channel) ++channel->refcnt;
-  std::lock_guard<std::mutex> g(g_mu);
-  g_cqs[{c->fab, q->slot}] = q;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_cqs[{c->fab, q->slot}] = q;
+  }
+  register_cq(c, q);
   return &q->cq;
 }
 
@@ -720,6 +727,7 @@ EMU_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   auto* q = reinterpret_cast<EmuCq*>(cq);
   if (int e = faulted(ectx(cq->context), "ibv_destroy_cq")) return e;
   if (q->users.load() > 0) return EBUSY;  // QPs still use it
+  unregister_cq(ectx(cq->context), q);
   {
     Guard g(q->s->lock);
     __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
@@ -885,6 +893,7 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     x.recv_frames = 0;
     x.head = x.tail = 0;
     x.tx_frames = 0;
+    x.fatal = 0;
     discard_waiting(x);
     // "Drop the next QP created on host X" faults bind here.
     for (auto& ft : s->faults)
@@ -922,6 +931,7 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
   pthread_mutex_init(&q->qp.mutex, nullptr);
   pthread_cond_init(&q->qp.cond, nullptr);
   init->cap = cap;  // report what was granted, as drivers do
+  register_qp(c, q);
   return &q->qp;
 }
 
@@ -929,6 +939,7 @@ EMU_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   if (!qp) return EINVAL;
   auto* q = reinterpret_cast<EmuQp*>(qp);
   if (int e = faulted(q->ctx, "ibv_destroy_qp")) return e;
+  unregister_qp(q->ctx, q);  // before q->mu: the event code locks the registry, then q->mu
   forget_pending(q);
   {
     std::lock_guard<std::mutex> g0(q->mu);
@@ -1036,7 +1047,8 @@ int resolve_rtr(EmuQp* q, const ibv_qp_attr* a, int* peer_port, uint32_t* wire) 
 
 }  // namespace
 
-EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+namespace {
+int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (!qp || !attr) return EINVAL;
   auto* q = reinterpret_cast<EmuQp*>(qp);
   if (int e = faulted(q->ctx, "ibv_modify_qp")) return e;
@@ -1138,6 +1150,22 @@ EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   // empty_rq=wait: sends that arrived before RTR meet the receives posted in INIT.
   if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) rx_drain(q);
   return 0;
+}
+
+}  // namespace
+
+EMU_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  const int rc = modify_qp(qp, attr, mask);
+  if (__builtin_expect(g_trace_on, 0) && qp && attr && (mask & IBV_QP_STATE)) {
+    static const char* const names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+    const unsigned st = static_cast<unsigned>(attr->qp_state);
+    char extra[96] = "";
+    if (attr->qp_state == IBV_QPS_RTR && (mask & IBV_QP_AV))
+      std::snprintf(extra, sizeof extra, " dest_qp=0x%06x sgid_index=%u", attr->dest_qp_num, attr->ah_attr.grh.sgid_index);
+    EMU_TRACE_QP(reinterpret_cast<EmuQp*>(qp), "modify_qp", "state=%s%s%s%s", st < 7 ? names[st] : "?", extra,
+                 rc ? " refused: " : "", rc ? std::strerror(rc) : "");
+  }
+  return rc;
 }
 
 EMU_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* init) {
@@ -1323,44 +1351,6 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
   return 0;
 }
 
-// The next port event of `c`, if a port's state changed since it last reported (see EmuContext).
-bool take_port_event(EmuContext* c, ibv_async_event* event) {
-  std::lock_guard<std::mutex> g(c->events_mu);
-  for (int p = 1; p <= c->ports; ++p) {
-    const uint32_t bit = 1u << (p - 1);
-    const bool active = port_active(*c->fab, c->fab->find_port(c->dev, static_cast<uint8_t>(p)));
-    if (active == ((c->ports_seen_active & bit) != 0)) continue;
-    c->ports_seen_active ^= bit;
-    std::memset(event, 0, sizeof *event);
-    event->element.port_num = p;
-    event->event_type = active ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
-    return true;
-  }
-  return false;
-}
-
-EMU_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
-  EmuContext* c = ectx(context);
-  if (!c || !event) {
-    errno = EINVAL;
-    return -1;
-  }
-  // A non-blocking async fd (the usual way to poll for events) answers EAGAIN at once when no
-  // event is pending, as rdma-core's read() does; a blocking one waits for an event (looking
-  // every 10 ms) until a signal ends the wait with EINTR.
-  const bool nonblocking = (fcntl(c->v.context.async_fd, F_GETFL) & O_NONBLOCK) != 0;
-  for (;;) {
-    if (take_port_event(c, event)) return 0;
-    if (nonblocking) {
-      errno = EAGAIN;
-      return -1;
-    }
-    pollfd p{c->v.context.async_fd, POLLIN, 0};
-    if (::poll(&p, 1, 10) < 0) return -1;  // errno: EINTR
-  }
-}
-
-EMU_EXPORT void ibv_ack_async_event(ibv_async_event*) {}
 EMU_EXPORT int ibv_fork_init(void) { return 0; }
 EMU_EXPORT ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 

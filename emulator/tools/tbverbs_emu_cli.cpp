@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tbverbs_emu/control.h"
+#include "trace_timeline.hpp"
 
 namespace {
 
@@ -159,6 +160,9 @@ int main(int argc, char** argv) {
   auto* show = app.add_subcommand("show", "Print ports, addresses, QPs and faults");
   auto* reset = app.add_subcommand("reset", "Return ports/addresses to the fabric file and clear faults");
   auto* sdir = app.add_subcommand("state-dir", "Print the shared state directory");
+  std::string trace_file;
+  auto* trace = app.add_subcommand("trace", "Print a trace file (TBVERBS_EMU_TRACE=FILE) as a per-QP timeline");
+  trace->add_option("file", trace_file)->required();
   auto* gc = app.add_subcommand("gc", "Remove state directories whose fabric file and processes are gone");
   bool dry_run = false;
   gc->add_flag("--dry-run", dry_run, "only list what would be removed");
@@ -186,6 +190,14 @@ int main(int argc, char** argv) {
   pup->add_option("device", device)->required();
   pup->add_option("--port", port)->check(CLI::Range(1, 255));
 
+  auto* dremove = app.add_subcommand(
+      "device-remove", "Remove a device (hot unplug): IBV_EVENT_DEVICE_FATAL, its QPs to ERR, its ports down");
+  dremove->add_option("host", host)->required();
+  dremove->add_option("device", device)->required();
+  auto* drestore = app.add_subcommand("device-restore", "Bring a removed device back (new contexts only)");
+  drestore->add_option("host", host)->required();
+  drestore->add_option("device", device)->required();
+
   auto* fault = app.add_subcommand("fault", "Inject or clear faults");
   fault->require_subcommand(1);
   std::string verb, err_s, fhost, next_on;
@@ -212,6 +224,10 @@ int main(int argc, char** argv) {
   auto* o_qpn = fdrop->add_option("--qpn", qpn, "QP number (decimal or 0x...)")->check(digits);
   auto* o_next = fdrop->add_option("--next-on", next_on, "the next QP created on this host");
   o_qpn->excludes(o_next);
+  uint32_t fatal_qpn = 0;
+  auto* ffatal = fault->add_subcommand(
+      "qp-fatal", "A catastrophic QP error: the QP goes to ERR, its owner gets IBV_EVENT_QP_FATAL and flushes");
+  ffatal->add_option("--qpn", fatal_qpn, "QP number (decimal or 0x...)")->required()->check(digits);
   auto* fdelay = fault->add_subcommand("delay", "Delay delivery of sends posted on a host");
   fdelay->add_option("--usec", usec)->required()->check(digits)->check(CLI::Range(0u, 3600u * 1000000u));
   fdelay->add_option("--host", fhost);
@@ -262,6 +278,7 @@ int main(int argc, char** argv) {
     std::fputs(s, stdout);
     return 0;
   }
+  if (*trace) return tbverbs_emu_cli::print_trace_timeline(trace_file);
   if (*reset) return check(tbemu_reset(fab()));
   if (*gc) {
     int n = 0;
@@ -279,6 +296,8 @@ int main(int argc, char** argv) {
   if (*clrip) return check(tbemu_clear_ipv4(fab(), host.c_str(), device.c_str(), port));
   if (*pdown) return check(tbemu_set_port_up(fab(), host.c_str(), device.c_str(), port, 0));
   if (*pup) return check(tbemu_set_port_up(fab(), host.c_str(), device.c_str(), port, 1));
+  if (*dremove) return check(tbemu_set_device_removed(fab(), host.c_str(), device.c_str(), 1));
+  if (*drestore) return check(tbemu_set_device_removed(fab(), host.c_str(), device.c_str(), 0));
   if (*ffail) {
     int e;
     try {
@@ -295,6 +314,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tbverbs-emu: fault drop needs --qpn or --next-on\n");
     return 2;
   }
+  if (*ffatal) return check(tbemu_fault_qp_fatal(fab(), fatal_qpn));
   if (*fdelay) return check(tbemu_fault_delay(fab(), fhost.empty() ? nullptr : fhost.c_str(), usec));
   if (*fsticky) return check(tbemu_fault_sticky_loss(fab(), fhost.empty() ? nullptr : fhost.c_str()));
   if (*fleak) return check(tbemu_fault_leak_pds(fab(), lhost.c_str(), ldev.c_str(), nleak));

@@ -91,6 +91,40 @@ SCRIPT
   run_ranks "$work" "$work/commands.sh"
   echo "tour_test: $tour ran to the end on the emulator"
   ;;
+trace)
+  # Issue 20: the tour with TBVERBS_EMU_TRACE=1 prints emu-trace lines for both ranks' posts,
+  # deliveries and completions; with TBVERBS_EMU_TRACE=FILE both ranks append to one file, which
+  # `tbverbs-emu trace` prints as a per-QP timeline (and refuses when a trace line is corrupt).
+  tour=$2 emu_library=$3 emu_cli=$4 work=$5
+  rm -rf "$work" && mkdir -p "$work" || fail "cannot make $work"
+  cat >"$work/commands.sh" <<SCRIPT
+export TBVERBS_LIBRARY=$emu_library TBVERBS_EMU_TRACE=1
+TBVERBS_EMU_HOST=host0 $tour 0 127.0.0.1:18515 & rank0=\$!
+TBVERBS_EMU_HOST=host1 $tour 1 127.0.0.1:18515 && wait \$rank0
+SCRIPT
+  run_ranks "$work" "$work/commands.sh"
+  for h in host0 host1; do
+    for ev in "modify_qp state=RTR" post_recv "post_send wr_id=[0-9]+ op=SEND" "deliver wr_id=[0-9]+ op=SEND len=[0-9]+ to=host[01]:" \
+              "complete wr_id=[0-9]+ status=success opcode=RECV" "complete wr_id=[0-9]+ status=success opcode=SEND"; do
+      grep -Eq "^emu-trace [0-9]+ $h rdma_en1 qp=0x[0-9a-f]{6} $ev" "$OUT" || fail "no '$ev' trace line for $h"
+    done
+  done
+  echo "tour_test: both ranks traced their posts, deliveries and completions on stderr"
+
+  sed -i "s|TBVERBS_EMU_TRACE=1|TBVERBS_EMU_TRACE=$work/trace.txt|" "$work/commands.sh"
+  run_ranks "$work" "$work/commands.sh"
+  if grep -q '^emu-trace ' "$OUT"; then fail "TBVERBS_EMU_TRACE=FILE still wrote trace lines to stderr"; fi
+  "$emu_cli" trace "$work/trace.txt" >"$work/timeline.txt" 2>&1 || { cat "$work/timeline.txt"; fail "tbverbs-emu trace failed"; }
+  cat "$work/timeline.txt"
+  [ "$(grep -Ec '^host[01] rdma_en1 qp=0x[0-9a-f]{6}$' "$work/timeline.txt")" -eq 2 ] ||
+    fail "the timeline does not have one section per QP (two QPs)"
+  lines=$(grep -c '^emu-trace ' "$work/trace.txt")
+  grep -q "^$lines events on 2 QPs" "$work/timeline.txt" || fail "the timeline does not count the file's $lines events"
+  echo "emu-trace 12x host0 rdma_en1 qp=0x000001 post_send" >>"$work/trace.txt"
+  if "$emu_cli" trace "$work/trace.txt" >"$work/bad.txt" 2>&1; then fail "a corrupt trace line was accepted"; fi
+  grep -q "did not parse" "$work/bad.txt" || fail "the corrupt line was not reported"
+  echo "tour_test: one trace file for both ranks, printed as a per-QP timeline; a corrupt line is refused"
+  ;;
 *)
   echo "usage: readme_test.sh match README TOUR_CPP | run README INCLUDE_DIR EMU_LIBDIR WORK_DIR" >&2
   exit 2

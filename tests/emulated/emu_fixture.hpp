@@ -88,6 +88,8 @@ struct Control {
   int (*fault_clear)(const char*) = nullptr;
   int (*qp_count)(const char*, const char*, const char*) = nullptr;
   int (*fault_drop_next_qp)(const char*, const char*) = nullptr;
+  int (*fault_qp_fatal)(const char*, std::uint32_t) = nullptr;
+  int (*set_device_removed)(const char*, const char*, const char*, int) = nullptr;
   const char* (*last_error)() = nullptr;
 
   static const Control& get() {
@@ -102,6 +104,8 @@ struct Control {
       k.fault_clear = reinterpret_cast<decltype(k.fault_clear)>(::dlsym(h, "tbemu_fault_clear"));
       k.qp_count = reinterpret_cast<decltype(k.qp_count)>(::dlsym(h, "tbemu_qp_count"));
       k.fault_drop_next_qp = reinterpret_cast<decltype(k.fault_drop_next_qp)>(::dlsym(h, "tbemu_fault_drop_next_qp"));
+      k.fault_qp_fatal = reinterpret_cast<decltype(k.fault_qp_fatal)>(::dlsym(h, "tbemu_fault_qp_fatal"));
+      k.set_device_removed = reinterpret_cast<decltype(k.set_device_removed)>(::dlsym(h, "tbemu_set_device_removed"));
       k.last_error = reinterpret_cast<decltype(k.last_error)>(::dlsym(h, "tbemu_last_error"));
       return k;
     }();
@@ -178,6 +182,17 @@ public:
   void drop_next_qp(const std::string& host) const {
     REQUIRE(Control::get().fault_drop_next_qp != nullptr);
     REQUIRE(Control::get().fault_drop_next_qp(path_.c_str(), host.c_str()) == 0);
+  }
+  /// A catastrophic error on QP `qpn` (tbverbs-emu fault qp-fatal).
+  void qp_fatal(std::uint32_t qpn) const {
+    REQUIRE(Control::get().fault_qp_fatal != nullptr);
+    INFO(Control::get().last_error());
+    REQUIRE(Control::get().fault_qp_fatal(path_.c_str(), qpn) == 0);
+  }
+  /// The device of `p` removed (tbverbs-emu device-remove) or brought back.
+  void set_device_removed(const PortSpec& p, bool removed) const {
+    REQUIRE(Control::get().set_device_removed != nullptr);
+    REQUIRE(Control::get().set_device_removed(path_.c_str(), p.host.c_str(), p.device.c_str(), removed ? 1 : 0) == 0);
   }
   int qp_count(const PortSpec& p) const {
     REQUIRE(Control::get().qp_count != nullptr);

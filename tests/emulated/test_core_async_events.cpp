@@ -153,3 +153,105 @@ TEST_CASE("core/async: a port going down during connect_links' warm-up ends it a
   CHECK(took[0] < 15s);
   CHECK(failure[1]);        // hostB's link did not go through either, and it did not hang
 }
+
+namespace {
+/// The completion `cq` has next: one must come within 2 s, failed with IBV_WC_WR_FLUSH_ERR.
+tbverbs::Error flushed_completion(tbverbs::CompletionQueue& cq) {
+  tbverbs::WorkCompletion wc[1];
+  auto got = cq.wait(wc, Clock::now() + 2s);
+  REQUIRE_FALSE(got.has_value());
+  CHECK(got.error().kind == tbverbs::ErrorKind::wc_error);
+  CHECK(got.error().wc_status == tbverbs::wc::wr_flush_err);
+  return got.error();
+}
+} // namespace
+
+TEST_CASE("core/async: a fatal QP error is qp_fatal with the QP's number; its receives are flushed",
+          "[core][async][qp]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  Pair p = connect(a, b, [](const tbverbs::GidSelection& g) { return tbverbs::QpRecipe::thunderbolt(g); });
+  ok(p.a.recv(21, ok(a.mr.sge(0, 64))));
+  // Before the fault: nothing to report.
+  CHECK(err(a.ctx.wait_async_event(20ms)).kind == tbverbs::ErrorKind::timeout);
+
+  fabric.qp_fatal(p.a.qp_num());
+  auto ev = ok(a.ctx.wait_async_event(2s));
+  CHECK(ev.type() == tbverbs::AsyncEventType::qp_fatal);
+  CHECK(ev.qp_num() == p.a.qp_num());
+  CHECK(ev.is_failure());
+  CHECK_THAT(ev.describe(), ContainsSubstring("IBV_EVENT_QP_FATAL"));
+  CHECK(flushed_completion(a.cq).wr_id == 21);
+  // Reported once; the other end's QP is untouched.
+  CHECK(err(a.ctx.wait_async_event(20ms)).kind == tbverbs::ErrorKind::timeout);
+  CHECK(err(b.ctx.wait_async_event(20ms)).kind == tbverbs::ErrorKind::timeout);
+  CHECK(ok(p.b.query_state()) == tbverbs::QpState::rts);
+  CHECK(ok(p.a.query_state()) == tbverbs::QpState::error);
+}
+
+TEST_CASE("core/async: a program that never reads async events still sees a fatal QP's work flushed",
+          "[core][async][qp]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  Pair p = connect(a, b, [](const tbverbs::GidSelection& g) { return tbverbs::QpRecipe::thunderbolt(g); });
+  ok(p.a.recv(31, ok(a.mr.sge(0, 64))));
+  fabric.qp_fatal(p.a.qp_num());
+  CHECK(flushed_completion(a.cq).wr_id == 31);   // found by the poll, not by an event reader
+  ok(p.a.send(32, ok(a.mr.sge(64, 64))));       // a QP in ERR takes sends and flushes them
+  CHECK(flushed_completion(a.cq).wr_id == 32);
+  CHECK(ok(a.ctx.wait_async_event(2s)).type() == tbverbs::AsyncEventType::qp_fatal); // still reported
+}
+
+TEST_CASE("core/async: a removed device is device_fatal, flushes its QPs, reads PORT_DOWN and cannot be opened",
+          "[core][async][device]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  Pair p = connect(a, b, [](const tbverbs::GidSelection& g) { return tbverbs::QpRecipe::thunderbolt(g); });
+  ok(p.a.recv(41, ok(a.mr.sge(0, 64))));
+
+  fabric.set_device_removed(fabric.a(), true);
+  auto ev = ok(a.ctx.wait_async_event(2s));
+  CHECK(ev.type() == tbverbs::AsyncEventType::device_fatal);
+  CHECK(ev.is_failure());
+  // DEVICE_FATAL alone: no QP or port events follow it on the removed device.
+  CHECK(err(a.ctx.wait_async_event(30ms)).kind == tbverbs::ErrorKind::timeout);
+  CHECK(flushed_completion(a.cq).wr_id == 41);
+  CHECK(ok(a.ctx.query_port(1)).state != tbverbs::PortState::active);
+  // The cable's other end lost its link.
+  auto far = ok(b.ctx.wait_async_event(2s));
+  CHECK(far.type() == tbverbs::AsyncEventType::port_error);
+  // Gone from under its ibv_device: opening it fails with ENODEV, until it comes back.
+  fabric.use(fabric.a().host);
+  const tbverbs::Error gone = err(tbverbs::Context::open(emulator(), "rdma_en1"));
+  INFO(gone.message());
+  CHECK(gone.is(ENODEV));
+  fabric.set_device_removed(fabric.a(), false);
+  tbverbs::Context again = ok(tbverbs::Context::open(emulator(), "rdma_en1"));
+  CHECK(ok(again.query_port(1)).state == tbverbs::PortState::active);
+  CHECK(ok(b.ctx.wait_async_event(2s)).type() == tbverbs::AsyncEventType::port_active);
+}
+
+TEST_CASE("core/async: a CQ that overran is cq_error", "[core][async][cq]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  fabric.use(fabric.a().host);
+  tbverbs::CompletionQueue small = ok(a.ctx.create_cq(2));
+  tbverbs::PreparedQueuePair pa = ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq, small));
+  tbverbs::PreparedQueuePair pb = ok(tbverbs::QpRecipe::thunderbolt(b.select()).prepare(b.pd, b.cq));
+  const tbverbs::Endpoint ea = pa.endpoint(), eb = pb.endpoint();
+  tbverbs::QueuePair qa = ok(std::move(pa).connect(eb));
+  tbverbs::QueuePair qb = ok(std::move(pb).connect(ea));
+  CHECK(err(a.ctx.wait_async_event(20ms)).kind == tbverbs::ErrorKind::timeout);
+  // hostB's four sends land in hostA's two-entry receive CQ (nobody polls it): two completions are lost.
+  for (std::uint64_t i = 0; i < 4; ++i) ok(qa.recv(50 + i, ok(a.mr.sge(64 * i, 64))));
+  for (std::uint64_t i = 0; i < 4; ++i) ok(qb.send(60 + i, ok(b.mr.sge(64 * i, 64))));
+  for (int i = 0; i < 4; ++i) (void)wait_one(b.cq);
+  auto ev = ok(a.ctx.wait_async_event(2s));
+  CHECK(ev.type() == tbverbs::AsyncEventType::cq_error);
+  CHECK(ev.is_failure());
+  CHECK(err(a.ctx.wait_async_event(20ms)).kind == tbverbs::ErrorKind::timeout); // once
+}

@@ -36,6 +36,17 @@ int tbemu_set_port_up(const char* fabric, const char* host, const char* device, 
 int tbemu_fault_fail_call(const char* fabric, const char* host, const char* verb, uint64_t nth, int err,
                           uint32_t count);
 
+/* A catastrophic error on QP `qpn`: it goes to ERR at once; its owner raises IBV_EVENT_QP_FATAL and
+ * flushes the QP's work requests (IBV_WC_WR_FLUSH_ERR) when it next reads async events, posts or
+ * polls. ENOENT if no such QP. */
+int tbemu_fault_qp_fatal(const char* fabric, uint32_t qpn);
+
+/* Device removal (removed != 0; a hot unplug, a driver reset): its contexts raise
+ * IBV_EVENT_DEVICE_FATAL and move their QPs to ERR, its ports read PORT_DOWN (and the ports cabled
+ * to them), ibv_open_device fails with ENODEV. removed == 0 brings it back (as does fault clear);
+ * contexts opened before stay dead, as on hardware. */
+int tbemu_set_device_removed(const char* fabric, const char* host, const char* device, int removed);
+
 /* Lose everything QP `qpn` sends (one direction of a connection). */
 int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn);
 /* The same for the next QP created on `host` (NULL = any host). */
