@@ -270,34 +270,85 @@ public:
   /// channel it sleeps on the channel's fd between polls; if arming or reading the channel fails,
   /// the CQ falls back to polling for good (see fall_back_to_polling) and the wait goes on.
   /// Errors: poll's (wc_error, poll_cq), timeout. One waiter per CQ (see the class comment).
+  /// The loop is wait_any's, over this one CQ.
   [[nodiscard]] Result<std::size_t> wait(std::span<WorkCompletion> out,
                                          std::chrono::steady_clock::time_point deadline) {
-    if (channel_ != nullptr) {
-      for (unsigned spins = 0; channel_ != nullptr; ++spins) {
-        auto r = poll(out);
-        if (!r || *r > 0) return r;
-        if ((spins & 63) != 63) continue; // a few cheap polls before looking at the clock
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) return fail(timed_out());
-        if (auto armed = arm(); !armed) {
-          fall_back_to_polling(armed.error());
-          break;
+    CompletionQueue* self = this;
+    std::size_t which = 0;
+    auto got = wait_any(std::span<CompletionQueue* const>(&self, 1), out, which, deadline);
+    if (got && *got == 0) return fail(timed_out());
+    return got;
+  }
+
+  /// Waits until one of `cqs` has completions or `deadline` passes: the library's one wait loop
+  /// (wait() is it over one CQ; the links' tbverbs::wait_any over each link's CQ). Returns how many
+  /// completions were written to `out` (0 when the deadline passed) and sets `which` to the index
+  /// of their CQ; the CQs are polled in order, so put the busiest first.
+  ///
+  /// While every CQ has a usable completion channel: a few cheap polls, then it arms each, polls
+  /// each once more (a completion that landed before arming raises no event) and sleeps on all
+  /// the channels' descriptors at once, in slices of at most 10 ms. A CQ whose channel cannot be
+  /// armed or read falls back to polling for good (fall_back_to_polling, noted once per
+  /// process). Otherwise (always on Apple by default: TN3205, "the caller must poll") it polls
+  /// every CQ in turn with detail::PollBackoff, and looks once more after the deadline passed.
+  /// Errors: the CQs' (wc_error, poll_cq); invalid_argument for an empty span or more than 16 CQs.
+  /// Allocates nothing.
+  [[nodiscard]] static Result<std::size_t> wait_any(std::span<CompletionQueue* const> cqs, std::span<WorkCompletion> out,
+                                                    std::size_t& which, std::chrono::steady_clock::time_point deadline) {
+    using clock = std::chrono::steady_clock;
+    constexpr std::size_t max_cqs = 16;
+    if (cqs.empty() || cqs.size() > max_cqs)
+      return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "a wait takes 1 to 16 completion queues"));
+    auto poll_all = [&]() -> Result<std::size_t> {
+      for (std::size_t i = 0; i < cqs.size(); ++i) {
+        auto got = cqs[i]->poll(out);
+        if (!got || *got > 0) {
+          which = i;
+          return got;
         }
-        // A completion that landed before arming raises no event: poll once more, then sleep.
-        auto again = poll(out);
-        if (!again || *again > 0) return again;
-        sleep_on_channel(deadline - now); // falls back to polling when the channel fails
       }
+      return std::size_t{0};
+    };
+    // Sleeping on channels: every CQ must have one, or a completion on a channel-less CQ would
+    // wait for the slice to end.
+    auto all_channels = [&] {
+      for (const CompletionQueue* cq : cqs)
+        if (cq->channel_ == nullptr) return false;
+      return true;
+    };
+    for (unsigned spins = 0; all_channels(); ++spins) {
+      auto got = poll_all();
+      if (!got || *got > 0) return got;
+      if ((spins & 63) != 63) continue; // a few cheap polls before the clock and the system calls
+      const auto now = clock::now();
+      if (now >= deadline) return std::size_t{0};
+      for (CompletionQueue* cq : cqs)
+        if (auto armed = cq->arm(); !armed) cq->fall_back_to_polling(armed.error());
+      if (!all_channels()) break;
+      got = poll_all();
+      if (!got || *got > 0) return got;
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+      pollfd fds[max_cqs];
+      for (std::size_t i = 0; i < cqs.size(); ++i) fds[i] = pollfd{cqs[i]->channel_->fd, POLLIN, 0};
+      const int ready = ::poll(fds, static_cast<nfds_t>(cqs.size()), static_cast<int>(ms < 0 ? 0 : (ms > 10 ? 10 : ms)));
+      if (ready < 0 && errno != EINTR) {
+        const Error e = Error::from_errno(Step::get_cq_event);
+        for (CompletionQueue* cq : cqs) {
+          Error stamped = e;
+          cq->fall_back_to_polling(cq->stamp(stamped));
+        }
+        break;
+      }
+      for (std::size_t i = 0; ready > 0 && i < cqs.size(); ++i)
+        if ((fds[i].revents & POLLIN) != 0)
+          if (auto ev = cqs[i]->consume_event(); !ev) cqs[i]->fall_back_to_polling(ev.error());
     }
+    // Polling: the one backoff every channel-less wait uses.
     detail::PollBackoff backoff(deadline);
     for (;;) {
-      auto r = poll(out);
-      if (!r || *r > 0) return r;
-      if (!backoff.pause()) {
-        auto last = poll(out); // the deadline passed while pausing: one last look
-        if (!last || *last > 0) return last;
-        return fail(timed_out());
-      }
+      auto got = poll_all();
+      if (!got || *got > 0) return got;
+      if (!backoff.pause()) return poll_all(); // the deadline passed: one last look (0 if nothing)
     }
   }
 
@@ -434,18 +485,6 @@ private:
 
   // Sleeps on the armed channel's fd for at most 10 ms at a time, so the caller's deadline is
   // honoured even if an event is lost. A channel that fails here is given up for polling.
-  void sleep_on_channel(std::chrono::steady_clock::duration left) noexcept {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count();
-    pollfd p{channel_->fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(ms < 0 ? 0 : (ms > 10 ? 10 : ms)));
-    if (ready < 0 && errno != EINTR) {
-      Error e = Error::from_errno(Step::get_cq_event);
-      return fall_back_to_polling(stamp(e));
-    }
-    if (ready > 0)
-      if (auto ev = consume_event(); !ev) fall_back_to_polling(ev.error());
-  }
-
   // Declaration order is destruction order reversed: the CQ goes before its channel.
   detail::Owned<abi::ibv_comp_channel> channel_owned_;
   detail::Owned<abi::ibv_cq> owned_;

@@ -17,7 +17,6 @@
 #include "side_channel.hpp"
 #include "tbverbs.hpp"
 
-#include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -281,8 +280,6 @@ private:
   friend class detail::LinkSetup;
   Link(int peer, std::uint32_t id, GidSelection gid) : peer_(peer), id_(id), gid_(std::move(gid)) {}
 
-  friend Result<std::size_t> wait_any(std::span<Link* const>, std::span<WorkCompletion>, std::size_t&,
-                                      SideChannelDeadline);
   int peer_ = -1;
   std::uint32_t id_ = 0;
   int attempts_ = 0;
@@ -295,59 +292,11 @@ private:
 
 inline Result<std::size_t> wait_any(std::span<Link* const> links, std::span<WorkCompletion> out, std::size_t& which,
                                     SideChannelDeadline deadline) {
-  using clock = std::chrono::steady_clock;
-  constexpr std::size_t max_links = 16;
-  if (links.empty() || links.size() > max_links)
+  CompletionQueue* cqs[16];
+  if (links.empty() || links.size() > std::size(cqs))
     return fail(Error::make(Step::wait_cq, ErrorKind::invalid_argument, "wait_any takes 1 to 16 links"));
-  auto poll_all = [&]() -> Result<std::size_t> {
-    for (std::size_t i = 0; i < links.size(); ++i) {
-      auto got = links[i]->cq().poll(out);
-      if (!got || *got > 0) {
-        which = i;
-        return got;
-      }
-    }
-    return std::size_t{0};
-  };
-  auto all_channels = [&] {
-    for (Link* l : links)
-      if (l->cq().channel_fd() < 0) return false;
-    return true;
-  };
-  // Sleeping on channels: every CQ must have one, or a completion on a channel-less CQ would
-  // wait for the slice to end.
-  while (all_channels()) {
-    for (Link* l : links)
-      if (auto armed = l->cq().arm(); !armed) l->cq().fall_back_to_polling(armed.error());
-    if (!all_channels()) break;
-    auto got = poll_all();
-    if (!got || *got > 0) return got;
-    const auto now = clock::now();
-    if (now >= deadline) return std::size_t{0};
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-    pollfd fds[max_links];
-    for (std::size_t i = 0; i < links.size(); ++i) fds[i] = pollfd{links[i]->cq().channel_fd(), POLLIN, 0};
-    const int ready =
-        ::poll(fds, static_cast<nfds_t>(links.size()), static_cast<int>(std::clamp<decltype(ms)>(ms, 0, 10)));
-    if (ready < 0 && errno != EINTR) {
-      const Error e = Error::from_errno(Step::get_cq_event);
-      for (Link* l : links) l->cq().fall_back_to_polling(e);
-      break;
-    }
-    for (std::size_t i = 0; ready > 0 && i < links.size(); ++i) {
-      if ((fds[i].revents & POLLIN) == 0) continue;
-      if (auto ev = links[i]->cq().consume_event(); !ev) links[i]->cq().fall_back_to_polling(ev.error());
-    }
-    got = poll_all();
-    if (!got || *got > 0) return got;
-  }
-  // Polling: the one backoff every channel-less wait uses.
-  detail::PollBackoff backoff(deadline);
-  for (;;) {
-    auto got = poll_all();
-    if (!got || *got > 0) return got;
-    if (!backoff.pause()) return poll_all(); // the deadline passed: one last look (0 if nothing)
-  }
+  for (std::size_t i = 0; i < links.size(); ++i) cqs[i] = &links[i]->cq();
+  return CompletionQueue::wait_any(std::span<CompletionQueue* const>(cqs, links.size()), out, which, deadline);
 }
 
 /// wait_any over the links as connect_links() returned them (a span of Link, the type

@@ -239,3 +239,29 @@ TEST_CASE("core/cq: wait_any over connected links gets a late message and ends a
     CHECK(ready);
   }
 }
+
+TEST_CASE("core/cq: CompletionQueue::wait_any names the CQ that got the completion, and returns 0 at the deadline",
+          "[core][cq][wait_any]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  fabric.use(fabric.a().host);
+  tbverbs::CompletionQueue idle = ok(a.ctx.create_cq(16));
+  Pair p = connect(a, b, [](const tbverbs::GidSelection& g) { return tbverbs::QpRecipe::thunderbolt(g); });
+  tbverbs::CompletionQueue* cqs[] = {&idle, &a.cq};
+  tbverbs::WorkCompletion wc[4];
+  std::size_t which = 99;
+
+  const auto t0 = Clock::now();
+  CHECK(ok(tbverbs::CompletionQueue::wait_any(cqs, wc, which, t0 + 50ms)) == 0);
+  CHECK(Clock::now() - t0 >= 50ms);
+
+  ok(p.a.recv(71, ok(a.mr.sge(0, 64))));
+  ok(p.b.send(72, ok(b.mr.sge(0, 64))));
+  REQUIRE(ok(tbverbs::CompletionQueue::wait_any(cqs, wc, which, Clock::now() + 5s)) == 1);
+  CHECK(which == 1);
+  CHECK(wc[0].wr_id() == 71);
+
+  const tbverbs::Error none = err(tbverbs::CompletionQueue::wait_any({}, wc, which, Clock::now()));
+  CHECK(none.kind == tbverbs::ErrorKind::invalid_argument);
+}
