@@ -1318,7 +1318,7 @@ int emu_poll_cq(ibv_cq* cq, int ne, ibv_wc* wc) {
     auto* c = reinterpret_cast<EmuCq*>(cq);
     for (int i = 0; i < n; ++i)
       trace_event(*c->fab, c->host, c->dev, wc[i].qp_num, "complete", "wr_id=%llu status=%s opcode=%s len=%u",
-                  static_cast<unsigned long long>(wc[i].wr_id), ibv_wc_status_str(wc[i].status),
+                  static_cast<unsigned long long>(wc[i].wr_id), wc_status_name(wc[i].status),
                   wc_opcode_name(wc[i].opcode), wc[i].byte_len);
   }
   return n;

@@ -162,6 +162,7 @@ void trace_event(const Fabric& f, int host, int dev, uint32_t qpn, const char* e
     __attribute__((format(printf, 6, 7)));
 const char* opcode_name(ibv_wr_opcode op);
 const char* wc_opcode_name(ibv_wc_opcode op);
+const char* wc_status_name(ibv_wc_status st);
 #define EMU_TRACE_QP(q, event, ...)                                                                      \
   do {                                                                                                  \
     if (__builtin_expect(::emu::g_trace_on, 0))                                                         \

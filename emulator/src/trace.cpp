@@ -88,6 +88,19 @@ const char* opcode_name(ibv_wr_opcode op) {
   }
 }
 
+const char* wc_status_name(ibv_wc_status st) {
+  // The enum's own names (tbverbs' errors print these too, so a trace and an error grep together).
+  static const char* const names[] = {
+      "IBV_WC_SUCCESS",        "IBV_WC_LOC_LEN_ERR",         "IBV_WC_LOC_QP_OP_ERR",    "IBV_WC_LOC_EEC_OP_ERR",
+      "IBV_WC_LOC_PROT_ERR",   "IBV_WC_WR_FLUSH_ERR",        "IBV_WC_MW_BIND_ERR",      "IBV_WC_BAD_RESP_ERR",
+      "IBV_WC_LOC_ACCESS_ERR", "IBV_WC_REM_INV_REQ_ERR",     "IBV_WC_REM_ACCESS_ERR",   "IBV_WC_REM_OP_ERR",
+      "IBV_WC_RETRY_EXC_ERR",  "IBV_WC_RNR_RETRY_EXC_ERR",   "IBV_WC_LOC_RDD_VIOL_ERR", "IBV_WC_REM_INV_RD_REQ_ERR",
+      "IBV_WC_REM_ABORT_ERR",  "IBV_WC_INV_EECN_ERR",        "IBV_WC_INV_EEC_STATE_ERR", "IBV_WC_FATAL_ERR",
+      "IBV_WC_RESP_TIMEOUT_ERR", "IBV_WC_GENERAL_ERR",       "IBV_WC_TM_ERR",           "IBV_WC_TM_RNDV_INCOMPLETE"};
+  const auto i = static_cast<unsigned>(st);
+  return i < sizeof names / sizeof names[0] ? names[i] : "IBV_WC_(unknown)";
+}
+
 const char* wc_opcode_name(ibv_wc_opcode op) {
   switch (op) {
     case IBV_WC_SEND: return "SEND";

@@ -105,7 +105,7 @@ SCRIPT
   run_ranks "$work" "$work/commands.sh"
   for h in host0 host1; do
     for ev in "modify_qp state=RTR" post_recv "post_send wr_id=[0-9]+ op=SEND" "deliver wr_id=[0-9]+ op=SEND len=[0-9]+ to=host[01]:" \
-              "complete wr_id=[0-9]+ status=success opcode=RECV" "complete wr_id=[0-9]+ status=success opcode=SEND"; do
+              "complete wr_id=[0-9]+ status=IBV_WC_SUCCESS opcode=RECV" "complete wr_id=[0-9]+ status=IBV_WC_SUCCESS opcode=SEND"; do
       grep -Eq "^emu-trace [0-9]+ $h rdma_en1 qp=0x[0-9a-f]{6} $ev" "$OUT" || fail "no '$ev' trace line for $h"
     done
   done
