@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -86,22 +87,25 @@ private:
 /// \until outbox.error()
 class MemoryRegion {
 public:
-  /// Start address.
-  std::byte* data() const noexcept { return static_cast<std::byte*>(mr_.get()->addr); }
-  /// Length in bytes.
-  std::size_t size() const noexcept { return mr_.get()->length; }
-  /// The registered bytes.
+  /// Start address; null once closed or moved from.
+  std::byte* data() const noexcept { return mr_.get() != nullptr ? static_cast<std::byte*>(mr_.get()->addr) : nullptr; }
+  /// Length in bytes; 0 once closed or moved from.
+  std::size_t size() const noexcept { return mr_.get() != nullptr ? mr_.get()->length : 0; }
+  /// The registered bytes (empty once closed or moved from).
   std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
-  /// Local key (for scatter-gather entries).
-  std::uint32_t lkey() const noexcept { return mr_.get()->lkey; }
-  /// Remote key (for a peer's RDMA WRITE or READ).
-  std::uint32_t rkey() const noexcept { return mr_.get()->rkey; }
+  /// Local key (for scatter-gather entries); 0 once closed or moved from.
+  std::uint32_t lkey() const noexcept { return mr_.get() != nullptr ? mr_.get()->lkey : 0; }
+  /// Remote key (for a peer's RDMA WRITE or READ); 0 once closed or moved from.
+  std::uint32_t rkey() const noexcept { return mr_.get() != nullptr ? mr_.get()->rkey : 0; }
   /// The access rights it was registered with.
   Access access() const noexcept { return access_; }
 
   /// A scatter-gather entry for `length` bytes at `offset`; `invalid_argument` when the range
-  /// leaves the region (the NIC would fail the work request with a protection error).
+  /// leaves the region (the NIC would fail the work request with a protection error); EBADF
+  /// once the region was closed or moved from (its keys are gone).
   [[nodiscard]] Result<abi::ibv_sge> sge(std::size_t offset, std::size_t length) const noexcept {
+    if (mr_.get() == nullptr) [[unlikely]]
+      return fail(Error::from_errno(Step::make_sge, EBADF).with_detail("a closed or moved-from MemoryRegion"));
     if (offset > size() || length > size() - offset || length > 0xffffffffu)
       return fail(Error::make(Step::make_sge, ErrorKind::invalid_argument,
                               "range outside the registered memory region"));

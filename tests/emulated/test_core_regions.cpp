@@ -4,6 +4,8 @@
 #include "emu_fixture.hpp"
 
 #include <catch2/catch_test_macros.hpp>
+
+#include <cerrno>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstring>
@@ -91,4 +93,29 @@ TEST_CASE("core/regions: reg_mr_two_sided registers under every mr_access readin
       CHECK(again.access() == mr.access());
     }
   }
+}
+
+TEST_CASE("core/regions: a closed or moved-from MemoryRegion answers EBADF from sge() and empty accessors, never a crash",
+          "[core][regions]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  REQUIRE(a.mr.size() > 0);
+  CHECK(a.mr.lkey() != 0);
+  tbverbs::MemoryRegion moved = std::move(a.mr);
+  // NOLINTBEGIN(bugprone-use-after-move): the moved-from state is the point
+  CHECK(a.mr.data() == nullptr);
+  CHECK(a.mr.size() == 0);
+  CHECK(a.mr.bytes().empty());
+  CHECK(a.mr.lkey() == 0);
+  CHECK(a.mr.rkey() == 0);
+  const tbverbs::Error from_moved = err(a.mr.sge(0, 64));
+  // NOLINTEND(bugprone-use-after-move)
+  CHECK(from_moved.is(EBADF));
+  CHECK_THAT(from_moved.message(), ContainsSubstring("moved-from"));
+
+  CHECK(ok(moved.sge(0, 64)).length == 64);
+  ok(moved.close());
+  CHECK(moved.size() == 0);
+  CHECK(moved.lkey() == 0);
+  CHECK(err(moved.sge(0, 64)).is(EBADF));
 }
