@@ -33,13 +33,23 @@ case "$CASE" in
   *) echo "FAIL: unknown case $CASE"; exit 2 ;;
 esac
 
-# --standalone: a rendezvous on a free local port (tests run side by side).
+# The rendezvous on 127.0.0.1 and a free port (tests run side by side), and Gloo on the loopback
+# interface: nothing depends on this machine's hostname resolving (`--standalone` hands the
+# workers the hostname, which a fresh chroot or container may not resolve: every rank then failed
+# in c10d). Another port when the first one was taken.
+source "$HERE/../common/ports.sh"
 start=$SECONDS
-timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
-  TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 \
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" --monitor_interval "$monitor" "${TORCHRUN_FLAGS[@]}" \
-  "$HERE/$script" >"$OUT" 2>&1
-RC=$?
+for attempt in 1 2 3; do
+  PORT=$(free_port)
+  timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
+    TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo \
+    "$PY" -m torch.distributed.run --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port "$PORT" \
+    --nproc_per_node "$N" --monitor_interval "$monitor" "${TORCHRUN_FLAGS[@]}" \
+    "$HERE/$script" >"$OUT" 2>&1
+  RC=$?
+  grep -qiE "address already in use|EADDRINUSE" "$OUT" || break
+  echo "note: attempt $attempt: port $PORT was taken; again on another port" >&2
+done
 elapsed=$((SECONDS - start))
 [ $RC -ne 124 ] && [ $RC -ne 137 ] || fail "the job hung: killed after $elapsed s"
 
