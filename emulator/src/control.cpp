@@ -233,6 +233,20 @@ EMU_EXPORT int tbemu_set_device_removed(const char* fabric, const char* host, co
   return 0;
 }
 
+EMU_EXPORT int tbemu_hold_qp_locks_and_stop(const char* fabric, uint32_t qpn) {
+  int err = 0;
+  Fabric* f = fabric_of(fabric, &err);
+  if (!f) return err;
+  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
+  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  const uint32_t cq = q.recv_cq;
+  if (cq >= kMaxCqs) return fail(ENOENT, "the QP has no receive CQ");
+  Guard qp_lock(q.lock);
+  Guard cq_lock(f->shm->cqs[cq].lock);
+  ::raise(SIGSTOP);
+  return 0;
+}
+
 EMU_EXPORT int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);

@@ -460,14 +460,15 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
     return Tx::Done;
   }
   {
-    Guard g(pv.qp->lock);
-    if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
+    BoundedGuard g(pv.qp->lock);  // a stopped responder: no response (RC retries)
+    if (!g.ok() || pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
   }
   iovec src{reinterpret_cast<void*>(ra), op.len};
   if (copy_iov(pv.pid, &src, 1, q->s->pid, dst, nd, op.len, pv.pid_start) != Copy::Ok) return Tx::NotReady;
   uint32_t n = packets_of(q->s, op.len);  // the response packets take the request's PSNs
   {
-    Guard g(pv.qp->lock);
+    BoundedGuard g(pv.qp->lock);
+    if (!g.ok()) return Tx::NotReady;  // stopped since: the READ is asked again (it reads the same bytes)
     pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
   }
   q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
@@ -646,8 +647,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
     wdst.iov_len = op.len;
     if (op.opcode == IBV_WR_RDMA_WRITE) {
       if (rc) {
-        Guard g(pv.qp->lock);
-        if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
+        BoundedGuard g(pv.qp->lock);  // a stopped responder sends no ACK
+        if (!g.ok() || pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
       }
       if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len, pv.pid_start) != Copy::Ok) {
         if (rc) return Tx::NotReady;
@@ -658,7 +659,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
       if (rc) {
         uint32_t n = packets_of(q->s, op.len);
         {
-          Guard g(pv.qp->lock);
+          BoundedGuard g(pv.qp->lock);
+          if (!g.ok()) return Tx::NotReady;  // stopped since: no ACK, the same bytes are written again
           pv.qp->rq_psn = (pv.qp->rq_psn + n) & 0xffffff;
         }
         q->s->sq_psn = (q->s->sq_psn + n) & 0xffffff;
@@ -671,13 +673,16 @@ Tx try_send(EmuQp* q, SendOp& op) {
 
   // Takes the peer's next posted receive, or (empty_rq=wait) queues the send at
   // the peer, behind the sends already waiting there so that order is kept.
-  enum { Took, Empty, Queued, Full, Gone } got = Empty;
+  enum { Took, Empty, Queued, Full, Gone, Stopped } got = Empty;
   RecvEntry e;
   {
-    Guard g(pv.qp->lock);
+    BoundedGuard g(pv.qp->lock);
     ShmQp* p = pv.qp;
-    if (rc && p->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
-    if (p->qpn != pv.qpn) {
+    if (!g.ok()) {
+      got = Stopped;  // its receive ring is held by a stopped process
+    } else if (rc && p->rq_psn != q->s->sq_psn) {
+      return Tx::NotReady;  // out of sequence: no ACK
+    } else if (p->qpn != pv.qpn) {
       got = Gone;  // destroyed since
     } else if (peer_ready(p, q->s) && p->head != p->tail && (!wait || p->whead == p->wtail)) {
       if (rc) {  // the message is taken: both ends move past its packets
@@ -717,9 +722,10 @@ Tx try_send(EmuQp* q, SendOp& op) {
       return Tx::Done;
     case Full:
     case Gone:
+    case Stopped:
       if (wait) return Tx::NoCredit;
       if (rc) return Tx::NotReady;
-      lost(q, op, "reason=peer_qp_gone");
+      lost(q, op, got == Stopped ? "reason=peer_stopped (a stopped process holds its receive queue)" : "reason=peer_qp_gone");
       complete_sent(q, op);
       return Tx::Done;
     case Empty:
@@ -843,8 +849,8 @@ const ShmMr* mr_of_key(Shared* s, uint32_t key) {
 void cq_clean(Fabric& f, uint32_t cq_slot, uint32_t qpn) {
   if (cq_slot >= kMaxCqs) return;
   ShmCq& c = f.shm->cqs[cq_slot];
-  Guard g(c.lock);
-  if (!c.in_use) return;
+  BoundedGuard g(c.lock);
+  if (!g.ok() || !c.in_use) return;  // held by a stopped process: its stale completions stay
   if (!c.paced) __atomic_store_n(&c.paced, 1u, __ATOMIC_SEQ_CST);
   const uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
   uint32_t out = head;
@@ -864,7 +870,18 @@ void cq_push(Fabric& f, uint32_t cq_slot, const ibv_wc& wc, bool solicited, int6
   uint32_t channel = 0;
   int32_t chpid = 0;
   {
-    Guard g(c.lock);
+    BoundedGuard g(c.lock);
+    if (!g.ok()) {
+      // A stopped process holds the CQ (its owner, or another sender): the completion is lost,
+      // as if the CQ had overrun, rather than this verb waiting for a process that may never run.
+      static std::atomic_flag said = ATOMIC_FLAG_INIT;
+      if (!said.test_and_set(std::memory_order_relaxed))
+        std::fprintf(stderr, "tbverbs-emu: a stopped process holds a CQ's lock: its completions are being lost\n");
+      if (g_trace_on)
+        trace_event(f, -1, static_cast<int>(c.device), wc.qp_num, "cq_lost",
+                    "wr_id=%llu (a stopped process holds the CQ's lock)", static_cast<unsigned long long>(wc.wr_id));
+      return;
+    }
     if (!c.in_use) return;
     uint32_t head = __atomic_load_n(&c.head, __ATOMIC_ACQUIRE);
     if (c.tail - head >= c.capacity) {
@@ -932,10 +949,12 @@ void qp_to_error(EmuQp* q) {
   // Flush posted receives; sends waiting for them never complete.
   std::vector<RecvEntry> flushed;
   {
-    Guard g(q->s->lock);
-    while (q->s->head != q->s->tail) flushed.push_back(q->s->ring[q->s->head++ & (kRecvRing - 1)]);
-    q->s->recv_frames = 0;
-    discard_waiting(*q->s);
+    BoundedGuard g(q->s->lock);  // held by a stopped sender: its receives are flushed at the next ERR
+    if (g.ok()) {
+      while (q->s->head != q->s->tail) flushed.push_back(q->s->ring[q->s->head++ & (kRecvRing - 1)]);
+      q->s->recv_frames = 0;
+      discard_waiting(*q->s);
+    }
   }
   for (const auto& e : flushed) {
     ibv_wc wc{};
@@ -1148,7 +1167,11 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       cq_push(f, q->rcq->slot, wc, false);
       continue;
     }
-    Guard g(q->s->lock);
+    BoundedGuard g(q->s->lock);
+    if (!g.ok()) {
+      if (bad) *bad = wr;
+      return EBUSY;  // a stopped process (a sender delivering into it) holds the receive queue
+    }
     if (q->s->recv_frames + e.frames > q->s->max_recv_wr || q->s->tail - q->s->head >= kRecvRing) {
       if (bad) *bad = wr;
       return ENOMEM;  // depth exhausted (Thunderbolt: counted in 4 KiB frames)
@@ -1170,7 +1193,8 @@ void rx_drain(EmuQp* q) {
   // The copies and both completions happen under this QP's lock, so a sender
   // deciding "no receive: wait" and this receiver deciding "waiting send: deliver"
   // cannot race, and receives complete in the order they were posted.
-  Guard g(me->lock);
+  BoundedGuard g(me->lock);
+  if (!g.ok()) return;  // a stopped sender holds it: the waiting sends stay until the next post_recv
   while (me->whead != me->wtail && me->head != me->tail) {
     uint32_t st = me->state;
     if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return;  // sends wait until RTR
@@ -1216,8 +1240,8 @@ void forget_waiting_sends(EmuQp* q, bool flush) {
     std::vector<WaitEntry> removed;
     ShmQp& p = f.shm->qps[me->dest_qpn & (kMaxQps - 1)];
     {
-      Guard g(p.lock);
-      remove_waiting(p, me->qpn, &removed);
+      BoundedGuard g(p.lock);  // a stopped peer: its queue keeps them (never delivered: the QP moved on)
+      if (g.ok()) remove_waiting(p, me->qpn, &removed);
     }
     if (flush)
       for (const auto& w : removed) complete_waiting(f, w, IBV_WC_WR_FLUSH_ERR);
@@ -1231,7 +1255,8 @@ namespace {
 // ring order (an entry not yet due holds back those behind it: see cq_push for why that keeps
 // every QP's order).
 int take_due(ShmCq& s, int ne, ibv_wc* wc, int64_t now) {
-  Guard g(s.lock);
+  BoundedGuard g(s.lock);
+  if (!g.ok()) return 0;  // a stopped sender holds it: nothing to hand out now
   for (;;) {
     uint32_t head = __atomic_load_n(&s.head, __ATOMIC_ACQUIRE);
     const uint32_t tail = s.tail;
@@ -1255,8 +1280,8 @@ int64_t earliest_own_due(Shared* sh) {
   for (ShmCq& c : sh->cqs) {
     if (!__atomic_load_n(&c.in_use, __ATOMIC_ACQUIRE) || c.pid != me || !__atomic_load_n(&c.paced, __ATOMIC_ACQUIRE))
       continue;
-    Guard g(c.lock);
-    if (c.head != c.tail) {
+    BoundedGuard g(c.lock);
+    if (g.ok() && c.head != c.tail) {
       const int64_t d = c.due[c.head & (kCqRing - 1)];
       if (first == 0 || d < first) first = d;
     }
@@ -1415,7 +1440,8 @@ int emu_req_notify_cq(ibv_cq* cq, int solicited_only) {
     return EOPNOTSUPP;  // quirk completion_channels=off
   uint32_t channel = 0;
   {
-    Guard g(c->s->lock);
+    BoundedGuard g(c->s->lock);
+    if (!g.ok()) return EBUSY;  // a stopped sender holds the CQ; the caller polls instead
     ShmCq& x = *c->s;
     if (x.paced && x.head != x.tail && x.channel) {
       // Paced: the event of a queued completion was raised when it was queued, maybe before it

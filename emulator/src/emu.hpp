@@ -188,11 +188,25 @@ std::string format_ipv4(uint32_t ip);
 
 // Process-shared robust mutex: a process that dies holding it does not wedge the
 // fabric; the next locker marks it consistent and carries on.
+//
+// A stopped holder (SIGSTOP, a debugger) is not dead: it keeps the lock until it runs again. The
+// data path's locks another process's verbs take (a CQ, a QP's receive ring) are therefore taken
+// with lock_bounded(), which gives up when the holder is stopped (after 50 ms, confirmed by
+// /proc/<pid>/stat) or, whatever the holder does, after 10 s; the caller then treats the other
+// side as unreachable (issue 19 item 2: a rank hung past its timeout in cq_push behind a stopped
+// peer). The control path (slot allocation, faults) still waits without bound.
 struct ShmLock {
   pthread_mutex_t m;
+  int32_t holder;  // pid of the process holding it (0: nobody); read by lock_bounded's waiters
+  uint32_t pad;
   void init();
   void lock();
-  void unlock() { pthread_mutex_unlock(&m); }
+  // False when the lock could not be had: its holder is stopped, or held it 10 s.
+  [[nodiscard]] bool lock_bounded();
+  void unlock() {
+    __atomic_store_n(&holder, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&m);
+  }
 };
 struct Guard {
   explicit Guard(ShmLock& l) : l_(l) { l_.lock(); }
@@ -200,6 +214,18 @@ struct Guard {
   Guard(const Guard&) = delete;
   Guard& operator=(const Guard&) = delete;
   ShmLock& l_;
+};
+// Guard over lock_bounded(): check ok() before touching what the lock guards.
+struct BoundedGuard {
+  explicit BoundedGuard(ShmLock& l) : l_(l), ok_(l.lock_bounded()) {}
+  ~BoundedGuard() {
+    if (ok_) l_.unlock();
+  }
+  BoundedGuard(const BoundedGuard&) = delete;
+  BoundedGuard& operator=(const BoundedGuard&) = delete;
+  bool ok() const { return ok_; }
+  ShmLock& l_;
+  bool ok_;
 };
 
 struct ShmPort {

@@ -36,11 +36,65 @@ void ShmLock::init() {
   pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
   pthread_mutex_init(&m, &a);
   pthread_mutexattr_destroy(&a);
+  holder = 0;
 }
 
 void ShmLock::lock() {
   int r = pthread_mutex_lock(&m);
   if (r == EOWNERDEAD) pthread_mutex_consistent(&m);  // holder died; state stays usable
+  __atomic_store_n(&holder, static_cast<int32_t>(getpid()), __ATOMIC_RELAXED);
+}
+
+namespace {
+// Whether process `pid` is stopped (state T: a stop signal; t: a tracer's stop), from
+// /proc/<pid>/stat ("pid (comm) S ..."; comm may hold spaces and parentheses: the state follows
+// the last ')').
+bool process_stopped(int32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* close_paren = std::strrchr(buf, ')');
+  return close_paren != nullptr && close_paren[1] == ' ' && (close_paren[2] == 'T' || close_paren[2] == 't');
+}
+} // namespace
+
+bool ShmLock::lock_bounded() {
+  constexpr int64_t kStoppedAfterNs = 50'000'000;  // a running holder keeps it for microseconds
+  constexpr int64_t kGiveUpNs = 10'000'000'000;    // whatever the holder is doing
+  auto mono_ns = [] {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+  };
+  int r = pthread_mutex_trylock(&m);
+  const int64_t start = r == EBUSY ? mono_ns() : 0;
+  while (r == EBUSY || r == ETIMEDOUT) {
+    timespec until{};
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += 10'000'000;  // look at the holder every 10 ms
+    if (until.tv_nsec >= 1'000'000'000) {
+      until.tv_nsec -= 1'000'000'000;
+      ++until.tv_sec;
+    }
+    r = pthread_mutex_clocklock(&m, CLOCK_MONOTONIC, &until);
+    if (r != ETIMEDOUT) break;
+    const int64_t waited = mono_ns() - start;
+    const int32_t h = __atomic_load_n(&holder, __ATOMIC_RELAXED);
+    if ((waited > kStoppedAfterNs && h > 0 && process_stopped(h)) || waited > kGiveUpNs) return false;
+  }
+  if (r == EOWNERDEAD) {
+    pthread_mutex_consistent(&m);
+    r = 0;
+  }
+  if (r != 0) return false;
+  __atomic_store_n(&holder, static_cast<int32_t>(getpid()), __ATOMIC_RELAXED);
+  return true;
 }
 
 static uint64_t layout_id(const Fabric& f) {

@@ -729,7 +729,9 @@ EMU_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   if (q->users.load() > 0) return EBUSY;  // QPs still use it
   unregister_cq(ectx(cq->context), q);
   {
-    Guard g(q->s->lock);
+    // A stopped sender holding the CQ does not keep it alive: the slot is freed all the same
+    // (BoundedGuard: no verb waits without bound on another process).
+    BoundedGuard g(q->s->lock);
     __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
   }
   if (cq->channel) --cq->channel->refcnt;
@@ -944,11 +946,13 @@ EMU_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   {
     std::lock_guard<std::mutex> g0(q->mu);
     forget_waiting_sends(q, false);  // its sends waiting at the peer are dropped
-    Guard g(q->s->lock);
+    BoundedGuard g(q->s->lock);      // held by a stopped sender: the slot is freed all the same
     __atomic_store_n(&q->s->in_use, 0u, __ATOMIC_RELEASE);
-    q->s->state = IBV_QPS_RESET;
-    q->s->head = q->s->tail = 0;
-    discard_waiting(*q->s);  // sends waiting for it never complete (no credits)
+    __atomic_store_n(&q->s->state, static_cast<uint32_t>(IBV_QPS_RESET), __ATOMIC_RELEASE);
+    if (g.ok()) {
+      q->s->head = q->s->tail = 0;
+      discard_waiting(*q->s);  // sends waiting for it never complete (no credits)
+    }
   }
   q->scq->users.fetch_sub(1);
   q->rcq->users.fetch_sub(1);
@@ -1065,11 +1069,13 @@ int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
     q->pending.clear();
     q->npending = 0;
     forget_waiting_sends(q, false);
-    Guard g(s->lock);
-    s->state = IBV_QPS_RESET;
-    s->head = s->tail = 0;
-    s->recv_frames = 0;
-    discard_waiting(*s);
+    BoundedGuard g(s->lock);  // held by a stopped sender: RESET all the same (its ring keeps what it held)
+    __atomic_store_n(&s->state, static_cast<uint32_t>(IBV_QPS_RESET), __ATOMIC_RELEASE);
+    if (g.ok()) {
+      s->head = s->tail = 0;
+      s->recv_frames = 0;
+      discard_waiting(*s);
+    }
     s->peer_port = -1;
     q->attr.qp_state = IBV_QPS_RESET;
     qp->state = IBV_QPS_RESET;

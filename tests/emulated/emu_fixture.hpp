@@ -90,6 +90,7 @@ struct Control {
   int (*fault_drop_next_qp)(const char*, const char*) = nullptr;
   int (*fault_qp_fatal)(const char*, std::uint32_t) = nullptr;
   int (*set_device_removed)(const char*, const char*, const char*, int) = nullptr;
+  int (*hold_qp_locks_and_stop)(const char*, std::uint32_t) = nullptr;
   const char* (*last_error)() = nullptr;
 
   static const Control& get() {
@@ -106,6 +107,8 @@ struct Control {
       k.fault_drop_next_qp = reinterpret_cast<decltype(k.fault_drop_next_qp)>(::dlsym(h, "tbemu_fault_drop_next_qp"));
       k.fault_qp_fatal = reinterpret_cast<decltype(k.fault_qp_fatal)>(::dlsym(h, "tbemu_fault_qp_fatal"));
       k.set_device_removed = reinterpret_cast<decltype(k.set_device_removed)>(::dlsym(h, "tbemu_set_device_removed"));
+      k.hold_qp_locks_and_stop =
+          reinterpret_cast<decltype(k.hold_qp_locks_and_stop)>(::dlsym(h, "tbemu_hold_qp_locks_and_stop"));
       k.last_error = reinterpret_cast<decltype(k.last_error)>(::dlsym(h, "tbemu_last_error"));
       return k;
     }();
@@ -286,6 +289,8 @@ public:
       ::waitpid(pid_, &st, 0);
     }
   }
+  /// The child's process id (-1 once it was waited for).
+  pid_t pid() const { return pid_; }
   int wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {

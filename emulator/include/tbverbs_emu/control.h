@@ -47,6 +47,12 @@ int tbemu_fault_qp_fatal(const char* fabric, uint32_t qpn);
  * contexts opened before stay dead, as on hardware. */
 int tbemu_set_device_removed(const char* fabric, const char* host, const char* device, int removed);
 
+/* Test hook: the calling process takes the receive-queue lock of QP `qpn` and the lock of the QP's
+ * receive CQ, stops itself (SIGSTOP) while holding them, and releases them when continued. It
+ * plays a peer stopped inside a verb, for testing that no verb waits without bound on it.
+ * ENOENT if no such QP. */
+int tbemu_hold_qp_locks_and_stop(const char* fabric, uint32_t qpn);
+
 /* Lose everything QP `qpn` sends (one direction of a connection). */
 int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn);
 /* The same for the next QP created on `host` (NULL = any host). */
