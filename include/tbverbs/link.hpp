@@ -59,6 +59,14 @@ struct LinkOptions {
   int attempts = 3;
   /// How long one warm-up attempt waits for the peer's message (ds4: 20 x 100 ms).
   std::chrono::milliseconds warmup_wait{2000};
+  /// How long, once the peer's one-frame probe arrived and this side's sends completed, a warm-up
+  /// waits for the peer's full-size message before it ends the round as size-limited, instead of
+  /// waiting out warmup_wait: both are sent back to back on one QP, so the full one follows the
+  /// probe within its wire time unless the driver does not deliver it (macOS 26.2, ds4). Doubled in
+  /// each later size-limited round, plus the message's time at 100 MB/s; since two size-limited
+  /// rounds step the link down to one frame, a slow peer must miss it twice to cause one
+  /// (issue 21: the 26.2 start cost 4.1 s in two whole rounds). Zero: wait out warmup_wait.
+  std::chrono::milliseconds size_limit_grace{250};
   /// Bound of every side-channel exchange during set-up.
   std::chrono::milliseconds timeout{30000};
   /// How often a completion wait probes the side channel for a dead peer.
@@ -425,6 +433,7 @@ public:
       s.prepared.reset();
       s.link.reset();
       for (int k = 0; k < 2; ++k) s.got_send[k] = s.got_recv[k] = s.recv_ok[k] = false;
+      s.probe_at = {};
       const LinkSpec& sp = specs_[i];
       const QpCapacities& c = sp.recipe->requested_capacities();
       const int entries = options_.cq_entries > 0 ? options_.cq_entries
@@ -528,9 +537,10 @@ public:
     const auto wait_deadline = clock::now() + options_.warmup_wait;
     for (;;) {
       bool pending = false, progress = false;
+      const auto now = clock::now();
       for (std::size_t i = 0; i < st_.size(); ++i) {
         State& s = st_[i];
-        if (s.done || complete(s)) continue;
+        if (s.done || settled(s, now)) continue;
         WorkCompletion wc[4];
         auto got = s.link->cq_->poll(wc);
         if (!got) return fail(with_link(got.error(), i));
@@ -538,14 +548,14 @@ public:
           progress = true;
           note(s, wc[k]);
         }
-        if (!complete(s)) pending = true;
+        if (!settled(s, now)) pending = true;
       }
       if (!pending || clock::now() >= wait_deadline) return {};
       if (progress) continue;
       std::size_t sleeper = st_.size();
       for (std::size_t i = 0; i < st_.size(); ++i) {
         State& s = st_[i];
-        if (s.done || complete(s)) continue;
+        if (s.done || settled(s, now)) continue;
         if (auto alive = sc_.check_peer(specs_[i].peer); !alive) return fail(channel_error(alive.error(), i));
         if (auto port = port_alive(i); !port) return port;
         if (sleeper == st_.size()) sleeper = i;
@@ -661,6 +671,7 @@ private:
     int dead = 0;                          // rounds in which a direction delivered nothing
     int size_limited = 0;                  // rounds in which only the one-frame probe got through
     bool got_send[2] = {}, got_recv[2] = {}, recv_ok[2] = {};
+    clock::time_point probe_at{};          // when the peer's probe arrived this round
     std::string last_failure;
   };
 
@@ -711,11 +722,23 @@ private:
       if (!s.got_send[k] || !s.got_recv[k]) return false;
     return true;
   }
+  // Nothing more to wait for this round: complete, or the probe came and the full-size message did
+  // not follow within LinkOptions::size_limit_grace (the round is size-limited; see decide()).
+  bool settled(const State& s, clock::time_point now) const noexcept {
+    if (complete(s)) return true;
+    if (!full(s) || options_.size_limit_grace.count() <= 0 || !s.got_recv[0] || s.got_recv[1] || !s.got_send[0] ||
+        !s.got_send[1])
+      return false;
+    const auto grace = options_.size_limit_grace * (1 << std::min(s.size_limited, 4)) +
+                       std::chrono::microseconds(s.bytes / 100); // 100 MB/s: 100 bytes per microsecond
+    return now - s.probe_at >= grace;
+  }
   static void note(State& s, const WorkCompletion& wc) noexcept {
     const std::uint64_t id = wc.wr_id();
     if (id == 2 || id == 4) s.got_send[id == 4] = true;
     if (id == 1 || id == 3) {
       const int k = id == 3;
+      if (k == 0) s.probe_at = clock::now();
       s.got_recv[k] = true;
       s.recv_ok[k] = wc.byte_len() == (k == 0 ? std::min(s.bytes, frame_bytes) : s.bytes);
     }
