@@ -75,14 +75,17 @@ bool ShmLock::lock_bounded() {
   int r = pthread_mutex_trylock(&m);
   const int64_t start = r == EBUSY ? mono_ns() : 0;
   while (r == EBUSY || r == ETIMEDOUT) {
+    // pthread_mutex_timedlock (CLOCK_REALTIME; a clock step only lengthens or shortens one
+    // slice) rather than pthread_mutex_clocklock, which ThreadSanitizer does not intercept: it
+    // then saw every such lock as never taken (unlocks of unlocked mutexes, false races).
     timespec until{};
-    clock_gettime(CLOCK_MONOTONIC, &until);
+    clock_gettime(CLOCK_REALTIME, &until);
     until.tv_nsec += 10'000'000;  // look at the holder every 10 ms
     if (until.tv_nsec >= 1'000'000'000) {
       until.tv_nsec -= 1'000'000'000;
       ++until.tv_sec;
     }
-    r = pthread_mutex_clocklock(&m, CLOCK_MONOTONIC, &until);
+    r = pthread_mutex_timedlock(&m, &until);
     if (r != ETIMEDOUT) break;
     const int64_t waited = mono_ns() - start;
     const int32_t h = __atomic_load_n(&holder, __ATOMIC_RELAXED);
