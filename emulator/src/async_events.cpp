@@ -70,19 +70,24 @@ bool take_port_event(EmuContext* c, ibv_async_event* event) {
 
 } // namespace
 
+namespace {
+// Drops `obj` from a context's list, with any event about it not yet read: handed out later it
+// would point at a destroyed object. `about(e)` says whether event `e` names it.
+template <class T, class About> void forget(EmuContext* c, std::vector<T*>& list, T* obj, About about) {
+  std::lock_guard<std::mutex> g(c->events_mu);
+  list.erase(std::remove(list.begin(), list.end(), obj), list.end());
+  c->queued.erase(std::remove_if(c->queued.begin(), c->queued.end(), about), c->queued.end());
+}
+} // namespace
+
 void register_qp(EmuContext* c, EmuQp* q) {
   std::lock_guard<std::mutex> g(c->events_mu);
   c->qps.push_back(q);
 }
 void unregister_qp(EmuContext* c, EmuQp* q) {
-  std::lock_guard<std::mutex> g(c->events_mu);
-  c->qps.erase(std::remove(c->qps.begin(), c->qps.end(), q), c->qps.end());
-  // An event about it not yet read would hand out a dangling pointer: drop it.
-  c->queued.erase(std::remove_if(c->queued.begin(), c->queued.end(),
-                                 [&](const ibv_async_event& e) {
-                                   return e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == &q->qp;
-                                 }),
-                  c->queued.end());
+  forget(c, c->qps, q, [&](const ibv_async_event& e) {
+    return e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == &q->qp;
+  });
 }
 void register_cq(EmuContext* c, EmuCq* q) {
   std::lock_guard<std::mutex> g(c->events_mu);
@@ -90,13 +95,9 @@ void register_cq(EmuContext* c, EmuCq* q) {
 }
 void unregister_cq(EmuContext* c, EmuCq* q) {
   if (!c) return;
-  std::lock_guard<std::mutex> g(c->events_mu);
-  c->cqs.erase(std::remove(c->cqs.begin(), c->cqs.end(), q), c->cqs.end());
-  c->queued.erase(std::remove_if(c->queued.begin(), c->queued.end(),
-                                 [&](const ibv_async_event& e) {
-                                   return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == &q->cq;
-                                 }),
-                  c->queued.end());
+  forget(c, c->cqs, q, [&](const ibv_async_event& e) {
+    return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == &q->cq;
+  });
 }
 
 void apply_async_faults(EmuContext* c) {

@@ -61,9 +61,29 @@ void free_leaked_pds(Shared* s) {
     if (p.in_use && p.pid < 0) p.in_use = 0;
 }
 
-ShmFault* free_fault(Shared* s) {
-  for (auto& ft : s->faults)
-    if (ft.kind == kFaultNone) return &ft;
+// Arms a fault of `kind` on `host` (-1: any) in a free slot: `fill` sets its other fields before
+// it is published (kind, then the count the data path's fast check reads). Caller holds s->lock.
+template <class Fill> int arm_fault(Shared* s, uint32_t kind, int32_t host, Fill fill) {
+  ShmFault* ft = nullptr;
+  for (auto& x : s->faults)
+    if (x.kind == kFaultNone) {
+      ft = &x;
+      break;
+    }
+  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
+  std::memset(ft, 0, sizeof *ft);
+  ft->host = host;
+  fill(*ft);
+  __atomic_store_n(&ft->kind, kind, __ATOMIC_RELEASE);
+  __atomic_add_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
+  return 0;
+}
+
+// The live QP numbered `qpn`, or null (ENOENT said). Caller holds s->lock.
+ShmQp* live_qp(Shared* s, uint32_t qpn) {
+  ShmQp& q = s->qps[qpn & (kMaxQps - 1)];
+  if (q.in_use && q.qpn == qpn) return &q;
+  fail(ENOENT, "no QP with number " + std::to_string(qpn));
   return nullptr;
 }
 
@@ -156,27 +176,22 @@ EMU_EXPORT int tbemu_fault_fail_call(const char* fabric, const char* host, const
     return fail(EINVAL, "verb must be a name such as ibv_create_qp");
   if (nth == 0 || errnum <= 0) return fail(EINVAL, "nth must be >= 1 and errno > 0");
   Guard g(f->shm->lock);
-  ShmFault* ft = free_fault(f->shm);
-  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-  std::memset(ft, 0, sizeof *ft);
-  ft->host = h;
-  std::strcpy(ft->verb, verb);
-  ft->nth = nth;
-  ft->count = count;
-  ft->err = errnum;
-  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultFailCall), __ATOMIC_RELEASE);
-  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
-  return 0;
+  return arm_fault(f->shm, kFaultFailCall, h, [&](ShmFault& ft) {
+    std::strcpy(ft.verb, verb);
+    ft.nth = nth;
+    ft.count = count;
+    ft.err = errnum;
+  });
 }
 
 EMU_EXPORT int tbemu_fault_drop_qp(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
   if (!f) return err;
-  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
   Guard g(f->shm->lock);
-  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
-  __atomic_store_n(&q.drop_tx, 1u, __ATOMIC_RELEASE);
+  ShmQp* q = live_qp(f->shm, qpn);
+  if (!q) return ENOENT;
+  __atomic_store_n(&q->drop_tx, 1u, __ATOMIC_RELEASE);
   return 0;
 }
 
@@ -184,20 +199,16 @@ EMU_EXPORT int tbemu_fault_qp_fatal(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
   if (!f) return err;
-  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
   Guard g(f->shm->lock);
-  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
-  ShmFault* ft = free_fault(f->shm);
-  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-  std::memset(ft, 0, sizeof *ft);
-  ft->host = -1;
-  ft->qpn = qpn;
+  ShmQp* q = live_qp(f->shm, qpn);
+  if (!q) return ENOENT;
   // ERR at once for the peer's sends (they meet a QP that receives nothing); the owner flushes
   // the QP's own work requests and reports the event (async_events.cpp).
-  __atomic_store_n(&q.state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
-  __atomic_store_n(&q.fatal, 1u, __ATOMIC_RELEASE);
-  __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultQpFatal), __ATOMIC_RELEASE);
-  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
+  return arm_fault(f->shm, kFaultQpFatal, -1, [&](ShmFault& ft) {
+    ft.qpn = qpn;
+    __atomic_store_n(&q->state, static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
+    __atomic_store_n(&q->fatal, 1u, __ATOMIC_RELEASE);
+  });
   return 0;
 }
 
@@ -219,13 +230,7 @@ EMU_EXPORT int tbemu_set_device_removed(const char* fabric, const char* host, co
   for (auto& ft : s->faults)
     if (ft.kind == kFaultDeviceRemoved && ft.device == d) armed = &ft;
   if (removed && !armed) {
-    ShmFault* ft = free_fault(s);
-    if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-    std::memset(ft, 0, sizeof *ft);
-    ft->host = h;
-    ft->device = d;
-    __atomic_store_n(&ft->kind, static_cast<uint32_t>(kFaultDeviceRemoved), __ATOMIC_RELEASE);
-    __atomic_add_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
+    if (int e = arm_fault(s, kFaultDeviceRemoved, h, [&](ShmFault& ft) { ft.device = d; })) return e;
   } else if (!removed && armed) {
     armed->kind = kFaultNone;
     __atomic_sub_fetch(&s->nfaults, 1u, __ATOMIC_RELEASE);
@@ -237,8 +242,13 @@ EMU_EXPORT int tbemu_hold_qp_locks_and_stop(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
   if (!f) return err;
-  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
-  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  ShmQp* found = nullptr;
+  {
+    Guard g(f->shm->lock);
+    found = live_qp(f->shm, qpn);
+  }
+  if (!found) return ENOENT;
+  ShmQp& q = *found;
   const uint32_t cq = q.recv_cq;
   if (cq >= kMaxCqs) return fail(ENOENT, "the QP has no receive CQ");
   Guard qp_lock(q.lock);
@@ -251,9 +261,10 @@ EMU_EXPORT int tbemu_fault_pid_reused(const char* fabric, uint32_t qpn) {
   int err = 0;
   Fabric* f = fabric_of(fabric, &err);
   if (!f) return err;
-  ShmQp& q = f->shm->qps[qpn & (kMaxQps - 1)];
   Guard g(f->shm->lock);
-  if (!q.in_use || q.qpn != qpn) return fail(ENOENT, "no QP with number " + std::to_string(qpn));
+  ShmQp* found = live_qp(f->shm, qpn);
+  if (!found) return ENOENT;
+  ShmQp& q = *found;
   // The process now holding the owner's pid started at another time than the QP's owner did.
   __atomic_store_n(&q.pid_start, q.pid_start + 1, __ATOMIC_RELEASE);
   return 0;
@@ -268,14 +279,7 @@ int arm_host_fault(const char* fabric, const char* host, uint32_t kind, uint32_t
   int h;
   if (int e = host_index(*f, host, &h)) return e;
   Guard g(f->shm->lock);
-  ShmFault* ft = free_fault(f->shm);
-  if (!ft) return fail(ENOSPC, "too many faults armed (limit 32)");
-  std::memset(ft, 0, sizeof *ft);
-  ft->host = h;
-  ft->delay_us = delay_us;
-  __atomic_store_n(&ft->kind, kind, __ATOMIC_RELEASE);
-  __atomic_add_fetch(&f->shm->nfaults, 1u, __ATOMIC_RELEASE);
-  return 0;
+  return arm_fault(f->shm, kind, h, [&](ShmFault& ft) { ft.delay_us = delay_us; });
 }
 } // namespace
 
