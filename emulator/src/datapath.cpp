@@ -84,6 +84,18 @@ std::vector<EmuQp*> g_pending_qps;  // QPs with deferred sends (slow path only)
 std::atomic<int> g_pending_count{0};
 
 inline bool is_tb(const EmuQp* q) { return q->ctx->fab->devices[q->ctx->dev].profile == Profile::Thunderbolt; }
+inline bool is_usb4(const EmuQp* q) { return q->ctx->fab->devices[q->ctx->dev].profile == Profile::Usb4Rdma; }
+// The profile of the device at the other end of this QP's cable (its own when there is none).
+inline Profile far_profile(const EmuQp* q) {
+  const Fabric& f = *q->ctx->fab;
+  const int other = f.ports[q->s->port].peer;
+  return f.devices[other >= 0 ? f.ports[other].device : q->ctx->dev].profile;
+}
+// Apple's receive rules hold where the receiving end is a Mac: frames pair, the empty-RQ reading.
+inline bool far_is_tb(const EmuQp* q) { return far_profile(q) == Profile::Thunderbolt; }
+// hellas-ai/thunderbolt-ibverbs ibdev.c: TBV_APPLE_PENDING_RX_SLOTS, the early receives one usb4_rdma
+// QP buffers from a Mac; when they are taken the next frame finds no slot and is dropped.
+constexpr uint32_t kUsb4EarlyReceives = 16;
 
 inline uint32_t frames_of(uint64_t len) { return len == 0 ? 1 : static_cast<uint32_t>((len + kFrame - 1) / kFrame); }
 
@@ -348,7 +360,8 @@ struct Outcome {
 };
 
 // `other_start`: the start time of the process on the other side (see same_process).
-Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool tb,
+// `pairs_frames`: the receiver is a Mac, whose driver pairs a send with a receive of as many frames.
+Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool pairs_frames,
                 uint64_t other_start) {
   Outcome o;
   const bool is_write = m.wdst != nullptr;
@@ -367,7 +380,7 @@ Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t 
     o.sender = IBV_WC_REM_INV_REQ_ERR;
     return o;
   }
-  if (tb && !is_write && frames_of(m.len) != e.frames) {
+  if (pairs_frames && !is_write && frames_of(m.len) != e.frames) {
     // TN3205: send and receive must span the same number of 4 KiB frames. Fail loudly.
     std::fprintf(stderr,
                  "tbverbs-emu: frame mismatch on QP 0x%x: send of %llu bytes spans %u frame(s), "
@@ -417,9 +430,11 @@ ibv_wc recv_wc(const RecvEntry& e, const Outcome& o, ibv_wr_opcode op, uint64_t 
   return rwc;
 }
 
-// What a UC Thunderbolt send does when the receiver has no receive for it.
-uint32_t empty_rq_mode(EmuQp* q, bool tb) {
-  if (!tb) return kEmptyRqDrop;  // rdma-core UC: lost (RC retries instead)
+// What a UC send does when the receiver has no receive for it: the receiver's driver decides. A
+// Mac: the empty_rq reading. A usb4_rdma host facing a Mac: buffered until a receive is posted
+// (ibdev.c: early Apple receives are kept, TBV_APPLE_PENDING_RX_SLOTS of them). rdma-core UC: lost.
+uint32_t empty_rq_mode(EmuQp* q) {
+  if (!far_is_tb(q)) return is_tb(q) && far_profile(q) == Profile::Usb4Rdma ? kEmptyRqWait : kEmptyRqDrop;
   Fabric& f = *q->ctx->fab;
   uint32_t m = quirk(f, Profile::Thunderbolt, Quirk::EmptyRq);
   // The sticky-loss fault is the kill reading for one host.
@@ -597,14 +612,15 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_sent(q, op);
     return Tx::Done;
   }
-  if (tb && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
+  if ((tb || far_is_tb(q)) && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
     // Quirk macos=26.2 (ds4, JACCL): a message of more than one frame is never
-    // delivered; the send completes, the peer's receive stays posted.
+    // delivered; the send completes, the peer's receive stays posted. Our assumption: the same
+    // whichever end is the Mac (reports are Mac to Mac).
     lost(q, op, "reason=multi_frame_message quirk=macos=26.2");
     complete_sent(q, op);
     return Tx::Done;
   }
-  const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q, tb);
+  const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q);
   const bool wait = mode == kEmptyRqWait;
   PeerView pv;
   Peer peer = find_peer(q, &pv);
@@ -695,7 +711,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
       p->recv_frames -= std::min(p->recv_frames, e.frames);
       got = Took;
     } else if (wait && nsrc <= 1) {  // Thunderbolt grants one SGE, so one source range
-      if (p->wtail - p->whead >= kWaitRing) {
+      if (p->wtail - p->whead >= (far_is_tb(q) ? kWaitRing : kUsb4EarlyReceives)) {
         got = Full;
       } else {
         WaitEntry& w = p->waiting[p->wtail & (kWaitRing - 1)];
@@ -721,6 +737,12 @@ Tx try_send(EmuQp* q, SendOp& op) {
       op.frames_counted = 0;  // now the waiting entry's
       return Tx::Done;
     case Full:
+      if (!far_is_tb(q)) {  // a usb4_rdma receiver with every early-receive slot taken drops the message
+        lost(q, op, "reason=early_receive_slots_full (usb4_rdma buffers 16 sends from a Mac)");
+        complete_sent(q, op);
+        return Tx::Done;
+      }
+      [[fallthrough]];
     case Gone:
     case Stopped:
       if (wait) return Tx::NoCredit;
@@ -743,7 +765,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
 
   Msg m{op.opcode, op.len, src, nsrc, q->s->pid, is_write ? &wdst : nullptr};
-  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, tb, pv.pid_start);
+  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, far_is_tb(q), pv.pid_start);
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
@@ -1032,6 +1054,22 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       if (bad) *bad = wr;
       return EINVAL;
     }
+    if (is_usb4(q)) {
+      // hellas-ai/thunderbolt-ibverbs ibdev.c: an inline send, anything but SEND toward a Mac
+      // (tbv_post_apple_send), and atomics (tbv_post_send_one) → -EOPNOTSUPP at post.
+      const bool toward_mac = q->ctx->fab->devices[q->ctx->dev].mac_compat;
+      if ((wr->send_flags & IBV_SEND_INLINE) || (toward_mac && wr->opcode != IBV_WR_SEND) || is_atomic(wr->opcode)) {
+        if (bad) *bad = wr;
+        return EOPNOTSUPP;
+      }
+      // tbv_prepare_send_segments: longer than the transport's largest message → -EMSGSIZE at post.
+      uint64_t len = 0;
+      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+      if (len > (toward_mac ? kUsb4AppleMaxMsg : kUsb4NativeMaxMsg)) {
+        if (bad) *bad = wr;
+        return EMSGSIZE;
+      }
+    }
     // RDMA READ is an RC operation (IB spec: UC carries SEND and WRITE only).
     bool supported = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_RDMA_WRITE ||
                      (!tb && (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) ||
@@ -1039,7 +1077,7 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
                      (wr->opcode == IBV_WR_RDMA_READ && q->s->type == IBV_QPT_RC && !(wr->send_flags & IBV_SEND_INLINE)) ||
                      // Atomics: RC where the device reports atomic_cap HCA, one 8-byte result SGE (IB spec).
                      (is_atomic(wr->opcode) && q->s->type == IBV_QPT_RC && !tb &&
-                      limits_of(q->ctx->fab->devices[q->ctx->dev].profile).max_rd_atom > 0 &&
+                      limits_of(q->ctx->fab->devices[q->ctx->dev].profile).atomics &&
                       !(wr->send_flags & IBV_SEND_INLINE) && wr->num_sge == 1 && wr->sg_list[0].length == 8);
     if (!supported) {
       if (bad) *bad = wr;
@@ -1135,7 +1173,9 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   t_spin_from_ns = t_last_call_ns = now_ns();
   for (; wr; wr = wr->next) {
     uint32_t state = q->s->state;
-    if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge) {
+    // usb4-rdma takes one SGE per receive whatever max_recv_sge says (ibdev.c tbv_post_recv: num_sge > 1 → -EINVAL).
+    if (state == IBV_QPS_RESET || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_recv_sge ||
+        (is_usb4(q) && wr->num_sge > 1)) {
       if (bad) *bad = wr;
       return EINVAL;
     }
@@ -1180,8 +1220,9 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     q->s->recv_frames += e.frames;
     __atomic_store_n(&q->s->tail, q->s->tail + 1, __ATOMIC_RELEASE);
   }
-  // empty_rq=wait: sends that arrived first are moved now, by the receiver.
-  if (tb && __atomic_load_n(&q->s->wtail, __ATOMIC_ACQUIRE) != __atomic_load_n(&q->s->whead, __ATOMIC_ACQUIRE))
+  // empty_rq=wait (and a usb4_rdma host's early receives from a Mac): sends that arrived first
+  // are moved now, by the receiver.
+  if (__atomic_load_n(&q->s->wtail, __ATOMIC_ACQUIRE) != __atomic_load_n(&q->s->whead, __ATOMIC_ACQUIRE))
     rx_drain(q);
   return 0;
 }
@@ -1219,7 +1260,7 @@ void rx_drain(EmuQp* q) {
     const int64_t ready_ns = f.paced ? now_ns() : 0;  // wire_due: before the copy
     iovec src{reinterpret_cast<void*>(w.src_addr), w.len};
     Msg m{IBV_WR_SEND, w.len, &src, w.len ? 1u : 0u, w.pid};
-    Outcome o = deliver(s, m, e, me->pid, me->qpn, true, sq.pid_start);
+    Outcome o = deliver(s, m, e, me->pid, me->qpn, is_tb(q), sq.pid_start);
     me->whead++;
     if (o.gone) continue;  // the sender died with its memory: its message is lost
     me->head++;

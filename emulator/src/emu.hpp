@@ -28,7 +28,10 @@ namespace emu {
 // address). rdma-core-roce: an mlx5-style RoCE port (every address as a RoCE v1 and a
 // RoCE v2 entry). rdma-core-ib: an InfiniBand port (LIDs, subnet-prefix GIDs only).
 // Sources of the last two: docs/field-reports.md section 4b, "rdma-core NICs".
-enum class Profile : uint32_t { Thunderbolt = 0, RdmaCoreRc = 1, RdmaCoreRoce = 2, RdmaCoreIb = 3 };
+// usb4-rdma: the Linux Thunderbolt driver of hellas-ai/thunderbolt-ibverbs (devices usb4_rdmaN;
+// RC and UC between Linux hosts; toward a Mac, Apple's UC wire: see mac_compat). Sources: its
+// kernel/ibdev.c, cited line by line in docs/emulator.md, "The usb4-rdma profile".
+enum class Profile : uint32_t { Thunderbolt = 0, RdmaCoreRc = 1, RdmaCoreRoce = 2, RdmaCoreIb = 3, Usb4Rdma = 4 };
 const char* profile_name(Profile p);
 
 // Capacities of the shared state. Slots are fixed so the file layout is a plain
@@ -62,9 +65,13 @@ struct Limits {
   uint32_t max_cqe;
   uint32_t max_inline;
   uint32_t max_rd_atom;     // outstanding RDMA READs/atomics per QP (max_qp_rd_atom); RTS asking for more → EINVAL
-                            // atomics are offered (IBV_ATOMIC_HCA) exactly where READ is (max_rd_atom > 0)
+  bool atomics;             // IBV_ATOMIC_HCA: 8-byte atomics on RC (the rdma-core profiles; not usb4_rdma)
 };
 const Limits& limits_of(Profile p);
+// usb4-rdma's largest messages: the native transport's (proto/native_data.h
+// TBV_NATIVE_DATA_MAX_MSG_SIZE) and toward a Mac (kernel/tbv.h TBV_APPLE_MAX_MSG_SIZE).
+constexpr uint64_t kUsb4NativeMaxMsg = 16ull << 20;  // TBV_NATIVE_DATA_MAX_MSG_SIZE (16u * 1024u * 1024u)
+constexpr uint64_t kUsb4AppleMaxMsg = 16ull << 20;   // TBV_APPLE_MAX_MSG_SIZE SZ_16M
 // Thunderbolt: the depth create_qp grants for a request (see limits_of for the model).
 uint32_t tb_granted_depth(uint32_t requested);
 
@@ -144,6 +151,11 @@ struct DeviceDef {
   Profile profile = Profile::Thunderbolt;
   std::vector<int> ports;      // global port indices, in port_num order
   uint64_t guid = 0;           // network byte order, as ibv_get_device_guid returns
+  // usb4-rdma only: the device's cable leads to a Mac (a thunderbolt device), so its driver runs
+  // Apple's compatible transport (hellas-ai/thunderbolt-ibverbs, module profile mac_compat):
+  // UC only, SEND only, 16 MiB messages. Our assumption: one module setting per cable, the one
+  // its peer needs (the driver's setting is per module, ibdev.c tbv_state_apple_only).
+  bool mac_compat = false;
 };
 
 struct HostDef {

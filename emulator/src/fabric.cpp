@@ -52,8 +52,10 @@ Profile parse_profile(const std::string& s) {
   if (s == "rdma-core-rc") return Profile::RdmaCoreRc;
   if (s == "rdma-core-roce") return Profile::RdmaCoreRoce;
   if (s == "rdma-core-ib") return Profile::RdmaCoreIb;
+  if (s == "usb4-rdma") return Profile::Usb4Rdma;
   throw std::runtime_error("unknown profile \"" + s +
-                           "\" (expected \"thunderbolt\", \"rdma-core-rc\", \"rdma-core-roce\" or \"rdma-core-ib\")");
+                           "\" (expected \"thunderbolt\", \"usb4-rdma\", \"rdma-core-rc\", \"rdma-core-roce\" or "
+                           "\"rdma-core-ib\")");
 }
 
 // "host:device[:port]" → (host, device, port) names. The port is digits only ("1:garbage" and
@@ -338,6 +340,12 @@ std::unique_ptr<Fabric> parse_fabric(const std::string& text, const std::string&
       f->ports[pi[0]].routed = f->ports[pi[1]].routed = routed;
       f->ports[pi[0]].link = f->ports[pi[1]].link = link;
       f->paced = f->paced || link.paced();
+      // A usb4_rdma device cabled to a Mac runs Apple's compatible transport (DeviceDef::mac_compat).
+      for (int k = 0; k < 2; ++k) {
+        DeviceDef& mine = f->devices[f->ports[pi[k]].device];
+        if (mine.profile == Profile::Usb4Rdma && f->devices[f->ports[pi[1 - k]].device].profile == Profile::Thunderbolt)
+          mine.mac_compat = true;
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(origin + ": " + e.what());
@@ -392,6 +400,7 @@ const char* profile_name(Profile p) {
     case Profile::RdmaCoreRc: return "rdma-core-rc";
     case Profile::RdmaCoreRoce: return "rdma-core-roce";
     case Profile::RdmaCoreIb: return "rdma-core-ib";
+    case Profile::Usb4Rdma: return "usb4-rdma";
   }
   return "?";
 }

@@ -26,6 +26,7 @@ const Limits& limits_of(Profile p) {
       .max_cqe = 4096,         // TN3205's example CQ of 4095+1 entries (no published maximum)
       .max_inline = 0,         // JACCL and ds4 ask for 0; TN3205 does not document inline data
       .max_rd_atom = 0,        // [R] devinfo dumps (max_qp_rd_atom 0): no RDMA READ on a UC-only driver
+      .atomics = false,
   };
   static const Limits kRdmaCoreRc{
       .max_qp = kMaxQps,
@@ -41,8 +42,34 @@ const Limits& limits_of(Profile p) {
       .max_cqe = kCqRing - 1,
       .max_inline = 256,
       .max_rd_atom = 16,       // our assumption: what ConnectX ports commonly report
+      .atomics = true,
   };
-  return p == Profile::Thunderbolt ? kThunderbolt : kRdmaCoreRc;
+  // hellas-ai/thunderbolt-ibverbs kernel/ibdev.c (docs/emulator.md cites each line): the
+  // TBV_IBDEV_* limits its query_device reports and create_qp enforces.
+  static const Limits kUsb4Rdma{
+      .max_qp = 256,           // ibdev.c: TBV_IBDEV_MAX_QP 256 (attr->max_qp)
+      .usable_qps = 256,       // our assumption: the reported maximum (QPNs come from an IDA from 0x900)
+      .max_pd = 256,           // ibdev.c: attr->max_pd = 256
+      .max_cq = 256,           // ibdev.c: TBV_IBDEV_MAX_CQ 256
+      .max_mr = 1024,          // ibdev.c: attr->max_mr = 1024
+      .max_sge = 4,            // ibdev.c: TBV_IBDEV_MAX_SGE 4 (send and receive; post_recv takes one)
+      .max_mr_size = UINT64_MAX, // ibdev.c: attr->max_mr_size = U64_MAX
+      .max_depth = 1024,       // ibdev.c: TBV_IBDEV_MAX_QP_WR 1024; create_qp above it → EINVAL
+      .min_depth = 0,
+      .max_msg = kUsb4NativeMaxMsg, // port max_msg_sz on the native transport (proto/native_data.h)
+      .max_cqe = 4096,         // ibdev.c: TBV_IBDEV_MAX_CQE 4096
+      .max_inline = 0,         // ibdev.c: create_qp sets max_inline_data = 0; an inline post → EOPNOTSUPP
+      .max_rd_atom = 128,      // ibdev.c: TBV_IBDEV_MAX_READ_CTX 128 (max_qp_rd_atom)
+      .atomics = false,        // ibdev.c: atomic_cap = IB_ATOMIC_NONE
+  };
+  switch (p) {
+    case Profile::Thunderbolt: return kThunderbolt;
+    case Profile::Usb4Rdma: return kUsb4Rdma;
+    case Profile::RdmaCoreRc:
+    case Profile::RdmaCoreRoce:
+    case Profile::RdmaCoreIb: break;
+  }
+  return kRdmaCoreRc;
 }
 
 // TN3205: "the system may adjust queue depths"; [R] a request of 256 was granted

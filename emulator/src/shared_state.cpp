@@ -437,6 +437,7 @@ uint32_t gid_table_len(const Fabric& f, int port) {
     // and InfiniBand (128) ports commonly shows; only the first entries are ever populated.
     case Profile::RdmaCoreRoce: return 256;
     case Profile::RdmaCoreIb: return 128;
+    case Profile::Usb4Rdma: return 8;  // hellas-ai/thunderbolt-ibverbs ibdev.c: TBV_IBDEV_GID_TBL_LEN 8
     case Profile::RdmaCoreRc: break;
   }
   return 16;
@@ -493,6 +494,11 @@ bool gid_at(const Fabric& f, int port, uint32_t index, ibv_gid* out) {
       return true;
     case Profile::Thunderbolt:
     case Profile::RdmaCoreRc:
+    // usb4-rdma: a RoCE v2 port (ibdev.c: link layer Ethernet, core_cap_flags
+    // RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP), so the kernel fills its table from the roce_netdev
+    // interface's addresses, one RoCE v2 entry each: fe80:: at 0, ::ffff:a.b.c.d at 1 (our
+    // reading of the kernel's RoCE GID management; the driver's own query_gid is not used there).
+    case Profile::Usb4Rdma:
       break;
   }
   const uint32_t v4 = pd.ipv4_gid_index;
@@ -512,7 +518,8 @@ uint32_t gid_type_at(const Fabric& f, int port, uint32_t index) {
     case Profile::RdmaCoreIb: return IBV_GID_TYPE_IB;
     // Thunderbolt: what Apple's driver reports is unpublished; RoCE v2 is our assumption.
     case Profile::Thunderbolt:
-    case Profile::RdmaCoreRc: break;
+    case Profile::RdmaCoreRc:
+    case Profile::Usb4Rdma: break;  // RoCE v2 only (RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP)
   }
   return IBV_GID_TYPE_ROCE_V2;
 }
@@ -520,8 +527,14 @@ uint32_t gid_type_at(const Fabric& f, int port, uint32_t index) {
 std::string port_netdev(const Fabric& f, int port) {
   const PortDef& pd = f.ports[port];
   const Profile p = f.devices[pd.device].profile;
-  if (p != Profile::RdmaCoreRoce) return "";
+  if (p != Profile::RdmaCoreRoce && p != Profile::Usb4Rdma) return "";
   if (!pd.netdev.empty()) return pd.netdev;
+  // usb4-rdma: the module's roce_netdev names the interface (ibdev.c); ours is the Thunderbolt
+  // network interface of the same number ("usb4_rdma1" → "thunderbolt1"), our assumption.
+  if (p == Profile::Usb4Rdma) {
+    const std::string& n = f.devices[pd.device].name;
+    return "thunderbolt" + (n.rfind("usb4_rdma", 0) == 0 ? n.substr(9) : std::string("0"));
+  }
   // Our assumption: one Ethernet interface per port, named after the device ("mlx5_0" port 1 → "mlx5_0p1").
   return f.devices[pd.device].name + "p" + std::to_string(pd.port_num);
 }
@@ -539,7 +552,7 @@ int port_of_gid(const Fabric& f, const ibv_gid& gid) {
 
 std::string ensure_sysfs(const Fabric& f, int device) {
   const DeviceDef& d = f.devices[device];
-  if (d.profile != Profile::RdmaCoreRoce && d.profile != Profile::RdmaCoreIb) return "";
+  if (d.profile != Profile::RdmaCoreRoce && d.profile != Profile::RdmaCoreIb && d.profile != Profile::Usb4Rdma) return "";
   // <state>/sysfs/<host>/class/infiniband/<dev>: the host is in the path because two hosts
   // may have devices of the same name. The tree is static (slot types and netdevs do not
   // change), so it is written once; files are replaced atomically (rename).
@@ -557,6 +570,7 @@ std::string ensure_sysfs(const Fabric& f, int device) {
     const std::string nd = port_netdev(f, gp);
     for (uint32_t i = 0; i < 6; ++i) {
       if (d.profile == Profile::RdmaCoreIb && i > 0) break;
+      if (d.profile == Profile::Usb4Rdma && i > f.ports[gp].ipv4_gid_index) break;
       // The strings rdma-core's ibv_query_gid_type compares against ("IB/RoCE v1", "RoCE v2").
       put(pdir + "/gid_attrs/types/" + std::to_string(i),
           gid_type_at(f, gp, i) == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : "IB/RoCE v1");

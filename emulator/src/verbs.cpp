@@ -42,6 +42,9 @@ void report(const std::string& msg) { std::fprintf(stderr, "tbverbs-emu: %s\n", 
 
 Profile profile_of(const EmuContext* c) { return c->fab->devices[c->dev].profile; }
 bool is_tb(const EmuContext* c) { return profile_of(c) == Profile::Thunderbolt; }
+bool is_usb4(const EmuContext* c) { return profile_of(c) == Profile::Usb4Rdma; }
+// usb4-rdma toward a Mac: Apple's compatible transport (DeviceDef::mac_compat).
+bool mac_compat(const EmuContext* c) { return c->fab->devices[c->dev].mac_compat; }
 const Limits& lim(const EmuContext* c) { return limits_of(profile_of(c)); }
 uint32_t quirk_of(const EmuContext* c, Quirk q) { return quirk(*c->fab, profile_of(c), q); }
 
@@ -66,6 +69,7 @@ uint32_t port_active_mtu(const Fabric& f, Profile p, int gp) {
     // Our assumption: an InfiniBand port's usual 4096; RoCE ports on a 1500-byte Ethernet MTU
     // show active_mtu 1024 (rdma-core's RoCE MTU is the largest IB MTU below the netdev MTU).
     case Profile::RdmaCoreIb: return IBV_MTU_4096;
+    case Profile::Usb4Rdma: return IBV_MTU_4096;  // hellas-ai/thunderbolt-ibverbs ibdev.c: active_mtu = IB_MTU_4096
     case Profile::RdmaCoreRoce:
     case Profile::RdmaCoreRc: break;
   }
@@ -87,14 +91,15 @@ void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
   a->active_mtu = static_cast<ibv_mtu>(port_active_mtu(f, prof, gp));
   a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
   a->port_cap_flags = 0;
-  a->max_msg_sz = static_cast<uint32_t>(lim(c).max_msg);
+  // usb4-rdma (ibdev.c tbv_query_port): 16 MiB toward a Mac, the native transport's maximum otherwise.
+  a->max_msg_sz = static_cast<uint32_t>(mac_compat(c) ? kUsb4AppleMaxMsg : lim(c).max_msg);
   a->pkey_tbl_len = 1;
   // [R] public fixtures: LIDs 1 and 2 on different ports. Ours: unique per port on the fabric.
   a->lid = lid;
   a->sm_lid = prof == Profile::RdmaCoreIb && !no_sm ? 1 : 0;
   a->max_vl_num = 1;
   a->active_width = 2;   // 4X
-  a->active_speed = 32;  // EDR-class lane speed; only informational
+  a->active_speed = is_usb4(c) ? 8 : 32;  // usb4-rdma: IB_SPEED_FDR10 (ibdev.c); else EDR-class; informational
   a->phys_state = active ? 5 : 3;  // LinkUp / Disabled
   // TN3205 / [R] devinfo dumps: link layer 100 ("Thunderbolt" on a Mac; Debian's ibv_devinfo
   // prints "Unknown"). rdma-core-rc and rdma-core-roce are RoCE; rdma-core-ib is InfiniBand.
@@ -274,10 +279,15 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->page_size_cap = 4096;
   a->vendor_id = tb ? 0x05ac : 0x02c9;  // Apple / Mellanox PCI vendor ids, informational
   a->vendor_part_id = 0xe111;
+  if (d.profile == Profile::Usb4Rdma) {  // hellas-ai/thunderbolt-ibverbs ibdev.c, tbv_query_device
+    a->vendor_id = 0x1d6b;
+    a->vendor_part_id = 0x5442;
+  }
   a->hw_ver = 1;
   a->max_qp = static_cast<int>(l.max_qp);
   a->max_qp_wr = static_cast<int>(l.max_depth);
-  a->device_cap_flags = tb ? 0 : IBV_DEVICE_RC_RNR_NAK_GEN;
+  a->device_cap_flags = tb ? 0 : d.profile == Profile::Usb4Rdma ? IBV_DEVICE_CHANGE_PHY_PORT : IBV_DEVICE_RC_RNR_NAK_GEN;
+  if (d.profile == Profile::Usb4Rdma) a->page_size_cap = 4096 | (2u << 20) | (1u << 30);  // ibdev.c: SZ_4K | SZ_2M | SZ_1G
   a->max_sge = static_cast<int>(l.max_sge);
   a->max_cq = static_cast<int>(l.max_cq);
   a->max_cqe = static_cast<int>(l.max_cqe);
@@ -290,9 +300,9 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   // 8-byte fetch-and-add and compare-and-swap run where RDMA READ does (the RC profiles); they are
   // atomic against one another fabric-wide, not against the target CPU's stores: IBV_ATOMIC_HCA.
   // Thunderbolt: the published driver reports max_qp_rd_atom 0 and no atomics ([R] devinfo dumps).
-  a->atomic_cap = l.max_rd_atom ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
+  a->atomic_cap = l.atomics ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
   a->max_pkeys = 1;
-  a->local_ca_ack_delay = 16;
+  a->local_ca_ack_delay = d.profile == Profile::Usb4Rdma ? 15 : 16;
   a->phys_port_cnt = static_cast<uint8_t>(d.ports.size());
   return 0;
 }
@@ -815,8 +825,10 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (tb ? init->qp_type != IBV_QPT_UC : (init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_RC)) {
-    errno = EOPNOTSUPP;  // Thunderbolt: UC only; the RC profile does not model UD
+  // Thunderbolt: UC only; usb4-rdma toward a Mac: UC only, RC and UC otherwise (ibdev.c
+  // tbv_create_qp: -EOPNOTSUPP); the rdma-core profiles do not model UD.
+  if ((tb || mac_compat(c)) ? init->qp_type != IBV_QPT_UC : (init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_RC)) {
+    errno = EOPNOTSUPP;
     return nullptr;
   }
   if (!init->send_cq || !init->recv_cq || init->send_cq->context != pd->context ||
@@ -837,6 +849,8 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     cap.max_recv_wr = tb_granted_depth(cap.max_recv_wr);
     cap.max_inline_data = l.max_inline;
   } else {
+    // usb4-rdma grants no inline data whatever is asked (ibdev.c: max_inline_data = 0).
+    if (is_usb4(c)) cap.max_inline_data = 0;
     if (cap.max_send_wr > l.max_depth || cap.max_recv_wr > l.max_depth || cap.max_inline_data > l.max_inline) {
       errno = EINVAL;
       return nullptr;

@@ -35,10 +35,33 @@
 
 namespace ring {
 
-/// The device of cable c on one side of a host in the local ring: Thunderbolt's rdma_enN, or
-/// mlx5_N on the rdma-core profiles (so the library treats them as rdma-core NICs).
+/// The emulator's profiles a launch may name (--profile takes one, or a comma-separated list).
+inline const std::vector<std::string>& known_profiles() {
+  static const std::vector<std::string> k = {"thunderbolt", "rdma-core-rc", "rdma-core-roce", "rdma-core-ib", "usb4-rdma"};
+  return k;
+}
+
+/// The profile of host h: `profiles` is one profile or a comma-separated list given to the hosts
+/// in turn ("thunderbolt,usb4-rdma": Macs at even positions, Linux usb4_rdma hosts at odd ones; a
+/// list of N names gives each of N hosts its own).
+inline std::string host_profile(const std::string& profiles, int h) {
+  std::vector<std::string> list;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = profiles.find(',', start);
+    list.push_back(profiles.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return list[static_cast<std::size_t>(h) % list.size()];
+}
+
+/// The device of cable c on one side of a host in the local ring: Thunderbolt's rdma_enN,
+/// usb4_rdmaN on usb4-rdma (the Linux Thunderbolt driver), or mlx5_N on the rdma-core profiles
+/// (so the library treats them as rdma-core NICs).
 inline std::string ring_device_name(const std::string& profile, int c, bool right) {
   if (profile == "thunderbolt") return "rdma_en" + std::to_string(2 * c + (right ? 2 : 1));
+  if (profile == "usb4-rdma") return "usb4_rdma" + std::to_string(2 * c + (right ? 1 : 0));
   return "mlx5_" + std::to_string(2 * c + (right ? 1 : 0));
 }
 
@@ -46,8 +69,10 @@ inline std::string ring_device_name(const std::string& profile, int c, bool righ
 /// host h's rdma_en{2c+2} and host h+1's rdma_en{2c+1}, with 10.{99+c}.h.1/30 and 10.{99+c}.h.2/30
 /// on its two ends (one subnet per cable, as Thunderbolt wants). `quirks` ("name=value") go into
 /// the fabric's "quirks" object: the contested readings of Apple's driver the emulator plays.
-/// `profile` is the emulator's: thunderbolt (devices rdma_enN), or rdma-core-rc, rdma-core-roce,
-/// rdma-core-ib (devices mlx5_N; InfiniBand ports get no IPv4 address: IB has no IPv4 GID).
+/// `profile` is the emulator's: thunderbolt (devices rdma_enN), usb4-rdma (usb4_rdmaN), or
+/// rdma-core-rc, rdma-core-roce, rdma-core-ib (devices mlx5_N; InfiniBand ports get no IPv4
+/// address: IB has no IPv4 GID); a comma-separated list gives the hosts its profiles in turn
+/// (host_profile: a mixed fabric of Macs and Linux hosts).
 /// A `link` with a bandwidth paces every cable direction (the emulator's link model, docs/emulator.md).
 struct LinkModel {
   double gbytes_per_s = 0;  // 0: unpaced
@@ -60,26 +85,26 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
   auto ip = [](int c, int hop, int end) {
     return "10." + std::to_string(99 + c) + "." + std::to_string(hop) + "." + std::to_string(end) + "/30";
   };
-  auto dev = [&](int c, bool right) { return ring_device_name(profile, c, right); };
+  auto dev = [&](int h, int c, bool right) { return ring_device_name(host_profile(profile, h), c, right); };
   for (int h = 0; h < n; ++h) {
     const int left_hop = (h + n - 1) % n;
     nlohmann::json devices = nlohmann::json::array();
     for (int c = 0; c < cables; ++c) {
       nlohmann::json left = {{"port", 1}}, right = {{"port", 1}};
-      if (profile != "rdma-core-ib") {
+      if (host_profile(profile, h) != "rdma-core-ib") {
         left["ipv4"] = ip(c, left_hop, 2);
         right["ipv4"] = ip(c, h, 1);
       }
-      devices.push_back({{"name", dev(c, false)}, {"ports", {left}}});
-      devices.push_back({{"name", dev(c, true)}, {"ports", {right}}});
+      devices.push_back({{"name", dev(h, c, false)}, {"ports", {left}}});
+      devices.push_back({{"name", dev(h, c, true)}, {"ports", {right}}});
     }
-    hosts.push_back({{"name", "host" + std::to_string(h)}, {"devices", devices}});
+    hosts.push_back({{"name", "host" + std::to_string(h)}, {"profile", host_profile(profile, h)}, {"devices", devices}});
   }
   for (int h = 0; h < n; ++h)
     for (int c = 0; c < cables; ++c)
-      wires.push_back({"host" + std::to_string(h) + ":" + dev(c, true) + ":1",
-                       "host" + std::to_string((h + 1) % n) + ":" + dev(c, false) + ":1"});
-  nlohmann::json f = {{"profile", profile}, {"hosts", hosts}, {"cables", wires}};
+      wires.push_back({"host" + std::to_string(h) + ":" + dev(h, c, true) + ":1",
+                       "host" + std::to_string((h + 1) % n) + ":" + dev((h + 1) % n, c, false) + ":1"});
+  nlohmann::json f = {{"profile", host_profile(profile, 0)}, {"hosts", hosts}, {"cables", wires}};
   if (link.paced()) {  // a key left out is not modelled (no bandwidth limit, or no latency)
     nlohmann::json l = nlohmann::json::object();
     if (link.gbytes_per_s > 0) l["gbytes_per_s"] = link.gbytes_per_s;
@@ -101,7 +126,9 @@ inline nlohmann::json ring_fabric(int n, int cables = 1, const std::vector<std::
 /// numbered in host order (Thunderbolt's rdma_en1.., or mlx5_0..).
 inline std::string mesh_device_name(const std::string& profile, int h, int p) {
   const int k = p < h ? p : p - 1;
-  if (profile == "thunderbolt") return "rdma_en" + std::to_string(k + 1);
+  const std::string mine = host_profile(profile, h);
+  if (mine == "thunderbolt") return "rdma_en" + std::to_string(k + 1);
+  if (mine == "usb4-rdma") return "usb4_rdma" + std::to_string(k);
   return "mlx5_" + std::to_string(k);
 }
 
@@ -121,10 +148,10 @@ inline nlohmann::json mesh_fabric(int n, const std::vector<std::string>& quirks 
     for (int p = 0; p < n; ++p) {
       if (p == h) continue;
       nlohmann::json port = {{"port", 1}};
-      if (profile != "rdma-core-ib") port["ipv4"] = ip(std::min(h, p), std::max(h, p), h < p ? 1 : 2);
+      if (host_profile(profile, h) != "rdma-core-ib") port["ipv4"] = ip(std::min(h, p), std::max(h, p), h < p ? 1 : 2);
       devices.push_back({{"name", mesh_device_name(profile, h, p)}, {"ports", {port}}});
     }
-    hosts.push_back({{"name", "host" + std::to_string(h)}, {"devices", devices}});
+    hosts.push_back({{"name", "host" + std::to_string(h)}, {"profile", host_profile(profile, h)}, {"devices", devices}});
   }
   for (int a = 0; a < n; ++a)
     for (int b = a + 1; b < n; ++b)
@@ -151,11 +178,11 @@ inline nlohmann::json mesh_devices(int n, const std::string& profile = "thunderb
 /// entry k on rank j are the same cable. With two ranks both hops join the same pair: the entry
 /// lists hop 0's cables at even positions and hop 1's at odd ones, in the same order on both ranks.
 inline nlohmann::json ring_devices(int n, int cables = 1, const std::string& profile = "thunderbolt") {
-  auto dev = [&](int c, bool right) { return ring_device_name(profile, c, right); };
   auto one_or_list = [](nlohmann::json l) { return l.size() == 1 ? l[0] : l; };
   nlohmann::json m = nlohmann::json::array();
   for (int i = 0; i < n; ++i) {
     nlohmann::json row = nlohmann::json::array();
+    auto dev = [&](int c, bool right) { return ring_device_name(host_profile(profile, i), c, right); };
     for (int j = 0; j < n; ++j) {
       nlohmann::json l = nlohmann::json::array();
       if (i != j && n == 2) {

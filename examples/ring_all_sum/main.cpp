@@ -696,9 +696,25 @@ int main(int argc, char** argv) {
                  "--local: pace every cable direction at this bandwidth (GB/s = 10^9 bytes/s; 0: unpaced)");
   app.add_option("--link-latency-us", o.link_latency_us, "--local: and deliver each message this many us later");
   app.add_option("--profile", o.profile,
-                 "--local: the emulated NICs: thunderbolt (Apple's driver, UC), rdma-core-rc, rdma-core-roce (mlx5: "
-                 "RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); see docs/rdma-core.md")
-      ->check(CLI::IsMember({"thunderbolt", "rdma-core-rc", "rdma-core-roce", "rdma-core-ib"}))
+                 "--local: the emulated NICs: thunderbolt (Apple's driver, UC), usb4-rdma (the Linux Thunderbolt "
+                 "driver usb4_rdma: RC between Linux hosts, Apple's UC toward a Mac), rdma-core-rc, rdma-core-roce "
+                 "(mlx5: RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); a "
+                 "comma-separated list gives the hosts its profiles in turn (thunderbolt,usb4-rdma: Macs and Linux "
+                 "hosts alternate); see docs/rdma-core.md and docs/thunderbolt.md")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            std::size_t start = 0;
+            for (;;) {
+              const auto comma = v.find(',', start);
+              const std::string one = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+              const auto& k = ring::known_profiles();
+              if (std::find(k.begin(), k.end(), one) == k.end())
+                return "unknown profile \"" + one + "\" (thunderbolt, usb4-rdma, rdma-core-rc, rdma-core-roce, rdma-core-ib)";
+              if (comma == std::string::npos) return std::string();
+              start = comma + 1;
+            }
+          },
+          "PROFILE[,PROFILE...]"))
       ->capture_default_str();
   const CLI::Validator local_rank([&o](std::string& v) { return o.local < 1 ? std::string("applies to --local N only") : std::strtol(v.c_str(), nullptr, 10) < o.local ? std::string() : "must be a rank of --local " + std::to_string(o.local) + ": 0.." + std::to_string(o.local - 1); }, "RANK");  // --local is parsed first
   app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)")->check(CLI::Range(0, 63))->check(local_rank);

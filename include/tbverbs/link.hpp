@@ -11,6 +11,7 @@
 
 #include "budget.hpp"
 #include "explain.hpp"
+#include "link_offer.hpp"
 #include "measured_profile.hpp"
 #include "memory_region_set.hpp"
 #include "message_size.hpp"
@@ -71,6 +72,11 @@ struct LinkOptions {
   std::chrono::milliseconds timeout{30000};
   /// How often a completion wait probes the side channel for a dead peer.
   std::chrono::milliseconds liveness_interval{20};
+  /// Negotiate each link's recipe with its peer before any QP exists (link_offer.hpp): both ends
+  /// send a LinkOffer and the link uses what both can do (RC where both offer it, else UC; the
+  /// operations both execute; frame pairing when either counts frames). The spec's recipe is this
+  /// end's preference. False: each end uses its recipe as given (both must then agree).
+  bool negotiate = true;
   /// Completion-queue entries; 0 means link_cq_entries() of the recipe's send and receive depths (budget.hpp).
   int cq_entries = 0;
   /// Called after each failed warm-up attempt that will be retried (for progress output); may be
@@ -93,6 +99,7 @@ public:
     endpoint = 1,   ///< A serialized Endpoint.
     posted = 2,     ///< "My receives are posted" for one attempt or epoch.
     result = 3,     ///< The warm-up outcome as seen by the sender (1 byte: 1 = received).
+    offer = 4,      ///< A serialized LinkOffer (before the first QP).
   };
 
   /// Wraps `channel`, which must outlive the mailbox.
@@ -268,6 +275,8 @@ public:
   std::string_view device() const noexcept { return device_.view(); }
   /// The GID selection the local end advertised (port, index, value, reason).
   const GidSelection& gid() const noexcept { return gid_; }
+  /// The recipe both ends agreed on for this link: transport, operations, frame pairing, and why.
+  const LinkAgreement& agreement() const noexcept { return agreement_; }
 
   /// "Receives posted" barrier with the peer: tells it that this side's receives for the coming
   /// sends are posted and waits until the peer says the same. `epoch` numbers successive
@@ -293,6 +302,7 @@ private:
   int attempts_ = 0;
   std::size_t max_message_ = 0;
   GidSelection gid_;
+  LinkAgreement agreement_;
   detail::FixedString<64> device_;
   std::optional<CompletionQueue> cq_;
   std::optional<QueuePair> qp_; // declared after cq_: destroyed first (it also keeps the CQ alive)
@@ -405,6 +415,8 @@ public:
       auto guess = largest_message_guess(s.context->platform(), *port, *dev, wanted);
       if (!guess) return fail(with_link(guess.error(), i));
       st.capacity = guess->bytes;
+      st.recipe.emplace(*s.recipe);
+      st.offer = LinkOffer::of(*s.context, *s.recipe, *dev, st.capacity);
       if (auto fits = check_depths(i); !fits) return fits;
       auto b = AlignedBuffer::allocate(2 * st.capacity + frame_bytes);
       if (!b) return fail(with_link(b.error(), i));
@@ -415,6 +427,38 @@ public:
       if (explain_enabled())
         explain(name(i) + ": MR warm-up buffer for messages of up to " + std::to_string(st.capacity) + " bytes (" +
                 std::string(guess->reason) + "): " + explain_memory(*st.mr, "send and receive slots", dev->max_mr_size));
+    }
+    return {};
+  }
+
+  /// Each link's recipe from both ends' offers (LinkOptions::negotiate; without it, this end's
+  /// recipe as given): offers are sent on every link before any is waited for, so a ring cannot
+  /// wait on itself.
+  Result<void> negotiate() {
+    const auto deadline = clock::now() + options_.timeout;
+    if (options_.negotiate)
+      for (std::size_t i = 0; i < st_.size(); ++i) {
+        const auto wire = st_[i].offer.serialize();
+        if (auto r = mailbox_.send(specs_[i].peer, LinkMailbox::Type::offer, specs_[i].id, 0, wire, deadline); !r)
+          return fail(channel_error(r.error(), i));
+      }
+    for (std::size_t i = 0; i < st_.size(); ++i) {
+      State& s = st_[i];
+      LinkOffer theirs = s.offer;
+      if (options_.negotiate) {
+        auto raw = mailbox_.recv(specs_[i].peer, LinkMailbox::Type::offer, specs_[i].id, 0, deadline);
+        if (!raw) return fail(channel_error(raw.error(), i));
+        auto parsed = LinkOffer::parse(*raw);
+        if (!parsed) return fail(with_link(parsed.error(), i));
+        theirs = *parsed;
+      }
+      auto a = agree(s.offer, theirs);
+      if (!a) return fail(with_link(a.error(), i).on(specs_[i].context->name(), s.recipe->gid().port(), s.recipe->gid().index()));
+      if (!options_.negotiate) a->why = "not negotiated: this end's recipe as given";
+      s.agreement = std::move(*a);
+      s.recipe.emplace(agreed_recipe(*s.recipe, s.agreement));
+      if (explain_enabled())
+        explain(name(i) + ": recipe " + s.agreement.summary() + " (" + s.agreement.why + ")");
     }
     return {};
   }
@@ -435,15 +479,16 @@ public:
       for (int k = 0; k < 2; ++k) s.got_send[k] = s.got_recv[k] = s.recv_ok[k] = false;
       s.probe_at = {};
       const LinkSpec& sp = specs_[i];
-      const QpCapacities& c = sp.recipe->requested_capacities();
+      const QpCapacities& c = s.recipe->requested_capacities();
       const int entries = options_.cq_entries > 0 ? options_.cq_entries
                                                   : static_cast<int>(link_cq_entries(c.max_send_wr, c.max_recv_wr));
       // Apple: polling, unless tbverbs-probe measured channels that work (TBVERBS_PROFILE).
       auto cq = sp.context->create_cq(entries, measured_cq_wait(sp.context->platform()));
       if (!cq) return fail(with_link(cq.error(), i));
-      auto prep = sp.recipe->prepare(*sp.pd, *cq);
+      auto prep = s.recipe->prepare(*sp.pd, *cq);
       if (!prep) return fail(with_link(prep.error(), i));
-      s.link.emplace(Link(sp.peer, sp.id, sp.recipe->gid()));
+      s.link.emplace(Link(sp.peer, sp.id, s.recipe->gid()));
+      s.link->agreement_ = s.agreement;
       s.link->device_.assign(sp.context->name());
       s.link->cq_.emplace(std::move(*cq));
       s.prepared.emplace(std::move(*prep));
@@ -480,7 +525,7 @@ public:
       const auto theirs = detail::get_be<std::uint64_t>(raw->data() + Endpoint::wire_size);
       s.bytes = std::max<std::size_t>(static_cast<std::size_t>(std::min<std::uint64_t>(offered(s), theirs)), 4);
       if (explain_enabled())
-        for (const auto& l : explain_queue_pair(*specs_[i].recipe, s.port, s.prepared->capacities(),
+        for (const auto& l : explain_queue_pair(*s.recipe, s.port, s.prepared->capacities(),
                                                 s.prepared->endpoint(), *remote,
                                                 name(i) + " (" + std::string(specs_[i].context->name()) + ", round " +
                                                     std::to_string(round_ + 1) + ")"))
@@ -643,7 +688,7 @@ public:
       Error e = Error::make(Step::link_warmup, ErrorKind::timeout,
                             name(i) + ": warm-up failed " + std::to_string(options_.attempts) +
                                 " times with a fresh QP each time (" + s.last_failure + ")");
-      e.on(specs_[i].context->name(), specs_[i].recipe->gid().port(), specs_[i].recipe->gid().index())
+      e.on(specs_[i].context->name(), s.recipe->gid().port(), s.recipe->gid().index())
           .from(specs_[i].context->platform());
       return fail(e);
     }
@@ -666,6 +711,9 @@ private:
     std::optional<MemoryRegionSet> mr;     // registered before any QP of the link exists
     std::size_t capacity = 0;              // largest warm-up message the buffer holds
     PortAttributes port;                   // the local port (explain mode's MTU negotiation)
+    std::optional<QpRecipe> recipe;        // the spec's, as negotiate() agreed with the peer
+    LinkOffer offer;                       // what this end offered the peer
+    LinkAgreement agreement;               // what both ends use
     std::size_t bytes = 0;                 // this round's warm-up size, agreed with the peer
     bool done = false;
     int dead = 0;                          // rounds in which a direction delivered nothing
@@ -678,7 +726,7 @@ private:
   // Thunderbolt counts depths in 4 KiB frames: the recipe's must hold the warm-up messages.
   Result<void> check_depths(std::size_t i) const {
     if (specs_[i].context->platform() != Platform::apple) return {};
-    const QpCapacities& c = specs_[i].recipe->requested_capacities();
+    const QpCapacities& c = st_[i].recipe->requested_capacities();
     if (c.max_send_wr > max_depth_frames || c.max_recv_wr > max_depth_frames)
       return fail(Error::make(Step::configure, ErrorKind::capacity,
                               name(i) + ": queue depths are counted in 4 KiB frames on Thunderbolt; at most " +
@@ -698,7 +746,7 @@ private:
   // a device-fatal event needs no confirmation. Other events are left to the caller's code.
   Result<void> port_alive(std::size_t i) const {
     const LinkSpec& sp = specs_[i];
-    const int port = sp.recipe->gid().port();
+    const int port = st_[i].recipe->gid().port();
     for (;;) {
       auto ev = sp.context->wait_async_event(clock::time_point{});
       if (!ev) return {}; // nothing pending, or no async events from this library
@@ -710,7 +758,7 @@ private:
       if (dead)
         return fail(Error::make(Step::link_warmup, ErrorKind::port_not_active,
                                 name(i) + ": " + ev->describe() + " during the warm-up")
-                        .on(sp.context->name(), port, sp.recipe->gid().index())
+                        .on(sp.context->name(), port, st_[i].recipe->gid().index())
                         .from(sp.context->platform()));
     }
   }
@@ -778,6 +826,7 @@ inline Result<std::vector<Link>> connect_links(LinkMailbox& mailbox, std::span<c
                                                const LinkOptions& options) {
   detail::LinkSetup setup(mailbox, specs, options);
   if (auto r = setup.check_and_register(); !r) return fail(r.error());
+  if (auto r = setup.negotiate(); !r) return fail(r.error());
   for (std::uint32_t round = 0;; ++round) {
     setup.begin_round(round);
     if (auto r = setup.fresh_queue_pairs(); !r) return fail(r.error());

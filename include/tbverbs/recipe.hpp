@@ -350,7 +350,7 @@ public:
   abi::ibv_qp* native_handle() const noexcept { return owned_.get(); }
 
   /// Connects to `remote`: checks that the peer fits (same QP type, a set GID, the same link
-  /// layer and RoCE version where both ends say them: a RoCE v1 end and a v2 end connect but
+  /// layer, or Thunderbolt facing a usb4_rdma host's Ethernet, and RoCE version where both ends say them: a RoCE v1 end and a v2 end connect but
   /// never carry traffic), re-reads the selected GID entry (a changed table is `gid_stale`, not a
   /// silent RTR failure), then INIT → RTR → RTS. Errors carry the device, port and GID index,
   /// and the diagnosis (an InfiniBand LID of 0 on either end is named: no subnet manager);
@@ -373,7 +373,14 @@ public:
     if (remote.gid.is_zero())
       return peer_error("the peer advertised an unset (zero) GID: its port has no usable GID entry");
     const LinkLayer ll = sel.port_facts().link_layer;
-    if (remote.link_layer != LinkLayer::unspecified && ll != LinkLayer::unspecified && remote.link_layer != ll)
+    // A Linux usb4_rdma port reports Ethernet (RoCE v2) and carries Apple's Thunderbolt wire to a
+    // Mac (hellas-ai/thunderbolt-ibverbs, docs/thunderbolt.md "Linux hosts on Thunderbolt"): the
+    // one pair of different link layers that shares a cable.
+    auto tb_and_ethernet = [](LinkLayer a, LinkLayer b) {
+      return (a == LinkLayer::thunderbolt && b == LinkLayer::ethernet) || (a == LinkLayer::ethernet && b == LinkLayer::thunderbolt);
+    };
+    if (remote.link_layer != LinkLayer::unspecified && ll != LinkLayer::unspecified && remote.link_layer != ll &&
+        !tb_and_ethernet(remote.link_layer, ll))
       return peer_error("the peer's port is " + std::string(link_layer_name(remote.link_layer)) + ", this one " +
                         std::string(link_layer_name(ll)) + ": both ends of a QP must be on the same fabric");
     if ((remote.gid_type == GidType::roce_v1 || remote.gid_type == GidType::roce_v2) &&

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <limits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -438,27 +439,34 @@ inline Result<void> Network::check_cables() {
 
 // RDMA WRITE with immediate needs it on every port of the job (the QP the platform's recipe makes
 // must execute it: RC on rdma-core; Apple's UC accepts a WRITE and drops it). Agreed job-wide over
-// the side channel before anything is registered, since write targets need REMOTE_WRITE.
+// the side channel before anything is registered, since write targets need REMOTE_WRITE. Frame
+// pairing too: a job with one Apple port pairs every send with an equal-frame receive on every
+// link (a Linux rank facing a Mac must, and one layout for all keeps the ranks' windows equal).
 inline Result<void> Network::choose_transport() {
   std::string why_not;
+  bool apple_here = false;
   for (const auto& p : ports_) {
     const auto platform = p->context->platform();
-    if (platform == Platform::apple) frame_pairing_ = true;
+    if (platform == Platform::apple) apple_here = true;
     const auto recipe = QpRecipe::for_platform(platform, *p->gid);
     if (recipe.type() != QpType::rc || !contains(send_ops_for(recipe.type(), platform, true, recipe.access()), SendOp::rdma_write_with_imm))
       why_not = platform == Platform::apple
                     ? "Apple's Thunderbolt driver is UC and executes SEND only (RDMA WRITE is accepted but not executed)"
                     : p->name + " does not use RC";
   }
-  const std::byte mine[1] = {std::byte{why_not.empty() ? std::uint8_t{1} : std::uint8_t{0}}};
+  // Bit 0: every port here can RDMA WRITE; bit 1: a port here is Apple's (frames).
+  const std::byte mine[1] = {std::byte{static_cast<std::uint8_t>((why_not.empty() ? 1u : 0u) | (apple_here ? 2u : 0u))}};
   auto all = sc_.all_gather(mine);
   if (!all) return fail(all.error());
   bool everyone = why_not.empty();
-  for (std::size_t q = 0; q < all->size(); ++q)
-    if ((*all)[q].size() != 1 || (*all)[q][0] != std::byte{1}) {
+  for (std::size_t q = 0; q < all->size(); ++q) {
+    const auto bits = (*all)[q].size() == 1 ? static_cast<unsigned>((*all)[q][0]) : 0u;
+    if ((bits & 2u) != 0) frame_pairing_ = true;
+    if ((bits & 1u) == 0) {
       everyone = false;
       if (why_not.empty()) why_not = "rank " + std::to_string(q) + " cannot RDMA WRITE";
     }
+  }
   std::string line;
   switch (cfg_.transport) {
   case Transport::send:
@@ -548,9 +556,15 @@ inline Result<void> Network::allocate() {
 
 inline Result<void> Network::connect() {
   const std::uint32_t frames = frames_of(cfg_.message_bytes);
-  // Per link: the window's slots of receives, two heads, and one more message.
-  const std::uint32_t depth = std::min<std::uint32_t>(
-      max_depth_frames, frames * static_cast<std::uint32_t>(layout_.slots + 2) + frames);
+  // Per link: the window's slots of receives, two heads, and one more message: counted in frames
+  // on Apple (at most 4095), else in work requests (at most the device's max_qp_wr; asking the
+  // frame count there too leaves room to widen the window if the messages shrink).
+  const std::uint32_t want = frames * static_cast<std::uint32_t>(layout_.slots + 2) + frames;
+  auto depth_on = [&](const Port& p) {
+    if (p.context->platform() == Platform::apple) return std::min(max_depth_frames, want);
+    const auto wr = p.device.max_qp_wr > 0 ? static_cast<std::uint32_t>(p.device.max_qp_wr) : want;
+    return std::min(wr, want);
+  };
   const int n = cfg_.size;
   std::vector<LinkSpec> specs;
   for (std::size_t i = 0; i < states_.size(); ++i) {
@@ -568,6 +582,7 @@ inline Result<void> Network::connect() {
     spec.context = &*s.port->context;
     spec.pd = &*s.port->pd;
     spec.recipe.emplace(QpRecipe::for_platform(s.port->context->platform(), *s.port->gid));
+    const std::uint32_t depth = depth_on(*s.port);
     spec.recipe->capacities({depth, depth, 1, 1, 0});
     specs.push_back(std::move(spec));
   }
@@ -581,11 +596,16 @@ inline Result<void> Network::connect() {
   auto links = connect_links(mailbox_, specs, opt);
   if (!links) return fail(links.error());
   links_ = std::move(*links);
-  for (std::size_t i = 0; i < links_.size(); ++i)
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    const LinkAgreement& a = links_[i].agreement();
+    say(std::string(side_name(states_[i].side)) + " link " + std::to_string(links_[i].id()) + " to rank " +
+        std::to_string(links_[i].peer()) + ": recipe " + (a.type == QpType::rc ? "RC" : "UC") + " on " +
+        std::string(links_[i].device()) + ": " + a.why);
     say(std::string(side_name(states_[i].side)) + " link " + std::to_string(links_[i].id()) + " to rank " +
         std::to_string(links_[i].peer()) + " verified (messages of up to " +
         std::to_string(links_[i].max_message_bytes()) + " bytes both ways, round " +
         std::to_string(links_[i].attempts()) + ")");
+  }
   return {};
 }
 
@@ -594,12 +614,23 @@ inline Result<void> Network::connect() {
 // (the same bytes) and widen the window to what the granted depth and the slots allow.
 inline Result<void> Network::agree_message_size() {
   std::size_t confirmed = cfg_.message_bytes;
-  std::uint32_t granted = max_depth_frames;
-  for (auto& l : links_) {
-    confirmed = std::min(confirmed, l.max_message_bytes());
-    const auto& caps = l.qp().capacities();
-    granted = std::min({granted, caps.max_send_wr, caps.max_recv_wr});
-  }
+  for (auto& l : links_) confirmed = std::min(confirmed, l.max_message_bytes());
+  // The window the granted depths take if the messages shrink: (2 x window + 3) messages per
+  // queue, of f frames each where the QP counts frames (Apple), one request each elsewhere.
+  // Every rank computes its own (a Mac's 4095 frames, a Linux host's max_qp_wr requests) and the
+  // job takes the smallest, so both ends of every link post the same window.
+  auto window_by_depth = [&](std::size_t bytes) {
+    const std::uint32_t f = frames_of(std::max(frame_bytes, bytes / frame_bytes * frame_bytes));
+    std::uint64_t w = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t i = 0; i < links_.size(); ++i) {
+      const auto& caps = links_[i].qp().capacities();
+      const std::uint32_t granted = std::min(caps.max_send_wr, caps.max_recv_wr);
+      const bool in_frames = states_[i].port->context->platform() == Platform::apple;
+      const std::uint32_t per = in_frames ? f : 1;
+      w = std::min<std::uint64_t>(w, granted > 3 * per ? (granted - 3 * per) / (2 * per) : 1);
+    }
+    return w;
+  };
   WireWriter w;
   w.put<std::uint64_t>(confirmed);
   auto all = sc_.all_gather(w.data());
@@ -612,10 +643,19 @@ inline Result<void> Network::agree_message_size() {
   confirmed = std::max(frame_bytes, confirmed / frame_bytes * frame_bytes);
   if (confirmed >= cfg_.message_bytes) return {};
   // The same bytes per link, cut into more, smaller slots (a link's part is 2 x slots + 2 heads),
-  // as many as the granted depth takes: (2 x window + 3) messages of f frames on Apple.
-  const std::uint32_t f = frames_of(confirmed);
-  const std::size_t by_depth = frame_pairing_ ? (granted > 3 * f ? (granted - 3 * f) / (2 * f) : 1)
-                                              : (granted > 3 ? (granted - 3) / 2 : 1);
+  // as many as every rank's granted depths take.
+  WireWriter wd;
+  wd.put<std::uint64_t>(window_by_depth(confirmed));
+  auto depths = sc_.all_gather(wd.data());
+  if (!depths) return fail(depths.error());
+  std::uint64_t by_depth_all = std::numeric_limits<std::uint64_t>::max();
+  for (const auto& v : *depths) {
+    WireReader r(v);
+    const auto theirs = r.get<std::uint64_t>();
+    if (!r.ok()) return fail(Error::make(Step::configure, ErrorKind::bad_frame, "malformed window agreement"));
+    by_depth_all = std::min(by_depth_all, theirs);
+  }
+  const std::size_t by_depth = static_cast<std::size_t>(std::max<std::uint64_t>(1, by_depth_all));
   const std::size_t per_link_bytes = layout_.per_link() * layout_.slot_bytes;
   const std::size_t by_slots = (per_link_bytes / confirmed - 2) / 4;
   const std::size_t window = std::max<std::size_t>(1, std::min(by_depth, by_slots));
