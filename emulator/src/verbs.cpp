@@ -282,6 +282,7 @@ EMU_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   if (d.profile == Profile::Usb4Rdma) {  // hellas-ai/thunderbolt-ibverbs ibdev.c, tbv_query_device
     a->vendor_id = 0x1d6b;
     a->vendor_part_id = 0x5442;
+    a->max_sge_rd = static_cast<int>(l.max_sge);  // attr->max_sge_rd = TBV_IBDEV_MAX_SGE
   }
   a->hw_ver = 1;
   a->max_qp = static_cast<int>(l.max_qp);
@@ -868,12 +869,15 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
   {
     Guard g(s->lock);
     collect_dead(s);  // a dead process's QPs no longer count (the kernel would free them)
-    if (tb) {
+    if (tb || mac_compat(c)) {
       // TN3205, [R] mlx#4209: 10 UC QPs per device (max_qp says 11); the 11th → EBUSY.
+      // usb4-rdma toward a Mac: one QP. [R] hellas-perftest: every run with more than one QP
+      // failed; one version of ibdev.c gives every Apple-compatible QP the QPN 0x900, so a second
+      // cannot be inserted (EBUSY is our assumption of what the insert returns).
       uint32_t used = 0;
       for (const auto& x : s->qps)
         if (x.in_use && x.device == static_cast<uint32_t>(c->dev)) ++used;
-      if (used >= l.usable_qps) {
+      if (used >= (tb ? l.usable_qps : 1u)) {
         delete q;
         errno = EBUSY;
         return nullptr;

@@ -76,6 +76,7 @@ struct PortSpec {
   std::optional<std::string> ipv4; // "a.b.c.d/prefix", none: only fe80:: in the GID table
   bool up = true;
   int ipv4_gid_index = 1; // where the ::ffff: entry appears (fe80:: entries below it), as on some Macs
+  std::optional<std::string> profile{}; // the host's own emulator profile (a mixed fabric); none: the fabric's
 };
 
 /// The emulator's control API (emulator/include/tbverbs_emu/control.h), resolved from the same
@@ -134,8 +135,9 @@ public:
       return s + "}";
     };
     auto host = [&](const PortSpec& p) {
-      return "{\"name\": \"" + p.host + "\", \"devices\": [{\"name\": \"" + p.device + "\", \"ports\": [" + port(p) +
-             "]}]}";
+      const std::string profile = p.profile ? ", \"profile\": \"" + *p.profile + "\"" : std::string();
+      return "{\"name\": \"" + p.host + "\"" + profile + ", \"devices\": [{\"name\": \"" + p.device +
+             "\", \"ports\": [" + port(p) + "]}]}";
     };
     std::ofstream f(path_);
     f << "{\"profile\": \"" << profile << "\", \"hosts\": [" << host(a_) << ", " << host(b_) << "], \"cables\": [[\""

@@ -110,6 +110,33 @@ PY
     expect_count "transport: SEND/RECV \(RDMA WRITE asked for, but Apple's Thunderbolt driver is UC and executes SEND only" "$N"
     expect_not "RDMA WRITE targets"
     ;;
+  usb4)
+    # Linux hosts on Thunderbolt (issue 21): usb4_rdma devices, their RoCE v2 IPv4 entry at index 1,
+    # and RC on every link (both ends run RC).
+    run --local "$N" --profile usb4-rdma "$@"
+    verified
+    expect_count "cable 0 to rank [0-9]+: usb4_rdma[01] port 1 GID\[1\] ::ffff:[0-9.]+ RoCE v2 netdev thunderbolt[01]" $((2 * N))
+    expect_count "link [0-9]+ to rank [0-9]+: recipe RC on usb4_rdma[01]: both ends run RC" $((2 * N))
+    expect_not "recipe UC"
+    ;;
+  mixed)
+    # Macs and Linux hosts alternating: every cable joins a Mac and a Linux host, and every link is
+    # Apple's UC, chosen for the Mac's reason on both ends; the ring verifies.
+    run --local "$N" --profile thunderbolt,usb4-rdma "$@"
+    verified
+    expect_count "link [0-9]+ to rank [0-9]+: recipe UC on rdma_en[12]: this end's rdma_en[12] \(Apple's Thunderbolt driver\) runs UC only" "$N"
+    expect_count "link [0-9]+ to rank [0-9]+: recipe UC on usb4_rdma[01]: the peer's rdma_en[12] \(Apple's Thunderbolt driver\) runs UC only" "$N"
+    expect_not "recipe RC"
+    ;;
+  mixed_one_job)
+    # Two Macs then two Linux hosts: one job with Mac-Mac (UC), Mac-Linux (UC) and Linux-Linux (RC)
+    # links, each end of each link on the same recipe.
+    run --local 4 --profile thunderbolt,thunderbolt,usb4-rdma,usb4-rdma "$@"
+    N=4 verified
+    expect_count "recipe RC on usb4_rdma[01]: both ends run RC" 2
+    expect_count "recipe UC on rdma_en[12]: both ends run UC only" 2
+    expect_count "recipe UC on (rdma_en[12]: this end's|usb4_rdma[01]: the peer's) rdma_en[12] \(Apple's Thunderbolt driver\) runs UC only" 4
+    ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
 echo "PASS: $CASE"
