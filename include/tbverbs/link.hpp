@@ -141,11 +141,15 @@ public:
     for (;;) {
       auto raw = sc_->recv_from(peer, deadline);
       if (!raw) return fail(raw.error());
-      if (raw->size() < header_bytes || detail::get_be<std::uint32_t>(raw->data()) != magic ||
-          detail::get_be<std::uint16_t>(raw->data() + 4) != version)
+      if (raw->size() < header_bytes || detail::get_be<std::uint32_t>(raw->data()) != magic)
         return fail(Error::make(Step::link_warmup, ErrorKind::bad_frame,
                                 "rank " + std::to_string(peer) + " sent a message that is not a tbverbs link message "
-                                "(another protocol on the same side channel, or another tbverbs version)"));
+                                "(another protocol on the same side channel)"));
+      if (const auto theirs = detail::get_be<std::uint16_t>(raw->data() + 4); theirs != version)
+        return fail(Error::make(Step::link_warmup, ErrorKind::bad_frame,
+                                "rank " + std::to_string(peer) + " speaks link protocol version " + std::to_string(theirs) +
+                                    ", this build " + std::to_string(version) +
+                                    ": every rank must run the same tbverbs release"));
       Msg msg;
       msg.type = static_cast<Type>(detail::get_be<std::uint16_t>(raw->data() + 6));
       msg.id = detail::get_be<std::uint32_t>(raw->data() + 8);
@@ -161,7 +165,9 @@ public:
 
 private:
   static constexpr std::uint32_t magic = 0x54424c4bu; // "TBLK"
-  static constexpr std::uint16_t version = 2; // 2: endpoint messages carry the warm-up size
+  // 2: endpoint messages carry the warm-up size. 3: a LinkOffer precedes the first endpoint (an
+  // older peer is named at once instead of timing out while this side waits for its offer).
+  static constexpr std::uint16_t version = 3;
   static constexpr std::size_t header_bytes = 16;
   struct Msg {
     Type type{};
