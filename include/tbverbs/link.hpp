@@ -214,7 +214,9 @@ private:
 /// (same `id`s); the order of `specs` does not matter. Returns the links in `specs` order.
 ///
 /// First, before any QP exists, each link's warm-up buffer is registered (a MemoryRegionSet within
-/// the device's max_mr_size, with access rights the driver accepts). Then, each round: create a CQ
+/// the device's max_mr_size, with access rights the driver accepts). Then each link's recipe is
+/// negotiated with its peer (LinkOptions::negotiate, link_offer.hpp: RC where both ends run it,
+/// else UC; Link::agreement() says which and why). Then, each round: create a CQ
 /// and a QP (fresh PSN), exchange endpoints and the warm-up size each side can take (the smaller
 /// is used), connect (RTR, RTS), post the receives, exchange "receives posted", send a one-frame
 /// probe and a full-size tagged message, wait (bounded, watching the side channel) for the peer's,
