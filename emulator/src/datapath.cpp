@@ -433,8 +433,8 @@ ibv_wc recv_wc(const RecvEntry& e, const Outcome& o, ibv_wr_opcode op, uint64_t 
 // What a UC send does when the receiver has no receive for it: the receiver's driver decides. A
 // Mac: the empty_rq reading. A usb4_rdma host facing a Mac: buffered until a receive is posted
 // (ibdev.c: early Apple receives are kept, TBV_APPLE_PENDING_RX_SLOTS of them). rdma-core UC: lost.
-uint32_t empty_rq_mode(EmuQp* q) {
-  if (!far_is_tb(q)) return is_tb(q) && far_profile(q) == Profile::Usb4Rdma ? kEmptyRqWait : kEmptyRqDrop;
+uint32_t empty_rq_mode(EmuQp* q, bool far_tb) {
+  if (!far_tb) return is_tb(q) && far_profile(q) == Profile::Usb4Rdma ? kEmptyRqWait : kEmptyRqDrop;
   Fabric& f = *q->ctx->fab;
   uint32_t m = quirk(f, Profile::Thunderbolt, Quirk::EmptyRq);
   // The sticky-loss fault is the kill reading for one host.
@@ -612,7 +612,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_sent(q, op);
     return Tx::Done;
   }
-  if ((tb || far_is_tb(q)) && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
+  const bool far_tb = far_is_tb(q);  // the receiver is a Mac: its rules hold
+  if ((tb || far_tb) && frames_of(op.len) > 1 && quirk(f, Profile::Thunderbolt, Quirk::MacOs) == kMacOs26_2) {
     // Quirk macos=26.2 (ds4, JACCL): a message of more than one frame is never
     // delivered; the send completes, the peer's receive stays posted. Our assumption: the same
     // whichever end is the Mac (reports are Mac to Mac).
@@ -620,7 +621,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
     complete_sent(q, op);
     return Tx::Done;
   }
-  const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q);
+  const uint32_t mode = rc ? kEmptyRqDrop : empty_rq_mode(q, far_tb);
   const bool wait = mode == kEmptyRqWait;
   PeerView pv;
   Peer peer = find_peer(q, &pv);
@@ -711,7 +712,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
       p->recv_frames -= std::min(p->recv_frames, e.frames);
       got = Took;
     } else if (wait && nsrc <= 1) {  // Thunderbolt grants one SGE, so one source range
-      if (p->wtail - p->whead >= (far_is_tb(q) ? kWaitRing : kUsb4EarlyReceives)) {
+      if (p->wtail - p->whead >= (far_tb ? kWaitRing : kUsb4EarlyReceives)) {
         got = Full;
       } else {
         WaitEntry& w = p->waiting[p->wtail & (kWaitRing - 1)];
@@ -737,7 +738,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
       op.frames_counted = 0;  // now the waiting entry's
       return Tx::Done;
     case Full:
-      if (!far_is_tb(q)) {  // a usb4_rdma receiver with every early-receive slot taken drops the message
+      if (!far_tb) {  // a usb4_rdma receiver with every early-receive slot taken drops the message
         lost(q, op, "reason=early_receive_slots_full (usb4_rdma buffers 16 sends from a Mac)");
         complete_sent(q, op);
         return Tx::Done;
@@ -765,7 +766,7 @@ Tx try_send(EmuQp* q, SendOp& op) {
   }
 
   Msg m{op.opcode, op.len, src, nsrc, q->s->pid, is_write ? &wdst : nullptr};
-  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, far_is_tb(q), pv.pid_start);
+  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, far_tb, pv.pid_start);
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
@@ -1054,21 +1055,12 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       if (bad) *bad = wr;
       return EINVAL;
     }
-    if (is_usb4(q)) {
-      // hellas-ai/thunderbolt-ibverbs ibdev.c: an inline send, anything but SEND toward a Mac
-      // (tbv_post_apple_send), and atomics (tbv_post_send_one) → -EOPNOTSUPP at post.
-      const bool toward_mac = q->ctx->fab->devices[q->ctx->dev].mac_compat;
-      if ((wr->send_flags & IBV_SEND_INLINE) || (toward_mac && wr->opcode != IBV_WR_SEND) || is_atomic(wr->opcode)) {
-        if (bad) *bad = wr;
-        return EOPNOTSUPP;
-      }
-      // tbv_prepare_send_segments: longer than the transport's largest message → -EMSGSIZE at post.
-      uint64_t len = 0;
-      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
-      if (len > (toward_mac ? kUsb4AppleMaxMsg : kUsb4NativeMaxMsg)) {
-        if (bad) *bad = wr;
-        return EMSGSIZE;
-      }
+    // hellas-ai/thunderbolt-ibverbs ibdev.c: an inline send, anything but SEND toward a Mac
+    // (tbv_post_apple_send), and atomics (tbv_post_send_one) → -EOPNOTSUPP at post.
+    if (is_usb4(q) && ((wr->send_flags & IBV_SEND_INLINE) || is_atomic(wr->opcode) ||
+                       (q->ctx->fab->devices[q->ctx->dev].mac_compat && wr->opcode != IBV_WR_SEND))) {
+      if (bad) *bad = wr;
+      return EOPNOTSUPP;
     }
     // RDMA READ is an RC operation (IB spec: UC carries SEND and WRITE only).
     bool supported = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_RDMA_WRITE ||
@@ -1114,7 +1106,11 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
       complete_send(q, op, IBV_WC_WR_FLUSH_ERR);
       continue;
     }
-    if (op.len > limits_of(q->ctx->fab->devices[q->ctx->dev].profile).max_msg) {
+    if (op.len > max_msg_of(*q->ctx->fab, q->ctx->dev)) {
+      if (is_usb4(q)) {  // ibdev.c tbv_prepare_send_segments: -EMSGSIZE at post, nothing queued
+        if (bad) *bad = wr;
+        return EMSGSIZE;
+      }
       complete_send(q, op, IBV_WC_LOC_LEN_ERR);  // longer than the port's max_msg_sz
       qp_to_error(q);
       continue;

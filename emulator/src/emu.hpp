@@ -184,6 +184,13 @@ struct Fabric {
 
 // Loads (once per path, cached for the process life) and maps the fabric's shared
 // state. Throws std::runtime_error with a message naming the problem.
+// The port's max_msg_sz on device `dev`: its profile's, or 16 MiB on a usb4_rdma device facing a
+// Mac (ibdev.c tbv_query_port). One value for what query_port reports and what post_send enforces.
+inline uint64_t max_msg_of(const Fabric& f, int dev) {
+  const DeviceDef& d = f.devices[static_cast<std::size_t>(dev)];
+  return d.mac_compat ? kUsb4AppleMaxMsg : limits_of(d.profile).max_msg;
+}
+
 Fabric& load_fabric(const std::string& path);
 // Parses a fabric description without mapping any state (the loader behind load_fabric; also
 // what fuzz/fuzz_fabric_file.cpp feeds). Throws std::runtime_error naming the problem.

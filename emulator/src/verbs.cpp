@@ -92,7 +92,7 @@ void fill_port_attr(const EmuContext* c, int gp, ibv_port_attr* a) {
   a->gid_tbl_len = static_cast<int>(gid_table_len(f, gp));
   a->port_cap_flags = 0;
   // usb4-rdma (ibdev.c tbv_query_port): 16 MiB toward a Mac, the native transport's maximum otherwise.
-  a->max_msg_sz = static_cast<uint32_t>(mac_compat(c) ? kUsb4AppleMaxMsg : lim(c).max_msg);
+  a->max_msg_sz = static_cast<uint32_t>(max_msg_of(f, c->dev));
   a->pkey_tbl_len = 1;
   // [R] public fixtures: LIDs 1 and 2 on different ports. Ours: unique per port on the fabric.
   a->lid = lid;

@@ -41,18 +41,23 @@ inline const std::vector<std::string>& known_profiles() {
   return k;
 }
 
-/// The profile of host h: `profiles` is one profile or a comma-separated list given to the hosts
-/// in turn ("thunderbolt,usb4-rdma": Macs at even positions, Linux usb4_rdma hosts at odd ones; a
-/// list of N names gives each of N hosts its own).
-inline std::string host_profile(const std::string& profiles, int h) {
+/// The names of `profiles`, one profile or a comma-separated list ("thunderbolt,usb4-rdma").
+inline std::vector<std::string> profile_list(const std::string& profiles) {
   std::vector<std::string> list;
   std::size_t start = 0;
   for (;;) {
     const auto comma = profiles.find(',', start);
     list.push_back(profiles.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
+    if (comma == std::string::npos) return list;
     start = comma + 1;
   }
+}
+
+/// The profile of host h: the hosts take profile_list(profiles) in turn ("thunderbolt,usb4-rdma":
+/// Macs at even positions, Linux usb4_rdma hosts at odd ones; a list of N names gives each of N
+/// hosts its own).
+inline std::string host_profile(const std::string& profiles, int h) {
+  const auto list = profile_list(profiles);
   return list[static_cast<std::size_t>(h) % list.size()];
 }
 

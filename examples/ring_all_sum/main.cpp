@@ -703,16 +703,11 @@ int main(int argc, char** argv) {
                  "hosts alternate); see docs/rdma-core.md and docs/thunderbolt.md")
       ->check(CLI::Validator(
           [](std::string& v) {
-            std::size_t start = 0;
-            for (;;) {
-              const auto comma = v.find(',', start);
-              const std::string one = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-              const auto& k = ring::known_profiles();
+            const auto& k = ring::known_profiles();
+            for (const auto& one : ring::profile_list(v))
               if (std::find(k.begin(), k.end(), one) == k.end())
                 return "unknown profile \"" + one + "\" (thunderbolt, usb4-rdma, rdma-core-rc, rdma-core-roce, rdma-core-ib)";
-              if (comma == std::string::npos) return std::string();
-              start = comma + 1;
-            }
+            return std::string();
           },
           "PROFILE[,PROFILE...]"))
       ->capture_default_str();

@@ -95,6 +95,10 @@ TEST_CASE("usb4-rdma between Linux hosts: RC and UC; UD, deep queues and wide re
   CHECK(raw_post(p.a, tbverbs::abi::IBV_WR_SEND, ok(a.mr.sge(0, 64)),
                  tbverbs::abi::IBV_SEND_SIGNALED | tbverbs::abi::IBV_SEND_INLINE) == EOPNOTSUPP);
   CHECK(raw_post(p.a, tbverbs::abi::IBV_WR_ATOMIC_FETCH_AND_ADD, ok(a.mr.sge(0, 8))) == EOPNOTSUPP);
+  // Longer than max_msg_sz (16 MiB): refused at post, EMSGSIZE (tbv_prepare_send_segments), not a completion error.
+  tbverbs::abi::ibv_sge huge = ok(a.mr.sge(0, 64));
+  huge.length = (16u << 20) + 1;
+  CHECK(raw_post(p.a, tbverbs::abi::IBV_WR_SEND, huge) == EMSGSIZE);
   // post_recv takes one SGE whatever max_recv_sge says (ibdev.c tbv_post_recv).
   tbverbs::abi::ibv_sge two[2] = {ok(b.mr.sge(0, 64)), ok(b.mr.sge(64, 64))};
   tbverbs::abi::ibv_recv_wr rwr{};

@@ -2,6 +2,7 @@
 // "finding N (issue 18): ...". They run on the fake provider (fake_verbs.hpp) or on plain GID
 // tables; each failed before its fix.
 #include "fake_qp.hpp"
+#include "two_ranks.hpp"
 
 #include <tbverbs/budget.hpp>
 #include <tbverbs/explain.hpp>
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <future>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -288,26 +290,8 @@ TEST_CASE("finding 8 (issue 18): wait_with_liveness returns completions, names a
   auto cq = ctx->create_cq(16, CqWait::poll);
   REQUIRE(cq);
 
-  // Two ranks of one side channel in this process: rank 0 listens, rank 1 connects in a thread.
-  auto options = [](int rank, std::uint16_t port) {
-    SideChannelOptions o;
-    o.rank = rank;
-    o.size = 2;
-    o.coordinator = "127.0.0.1:" + std::to_string(port);
-    o.job_token = 0x18f8;
-    o.timeout = 5s;
-    return o;
-  };
-  std::promise<std::uint16_t> listening;
-  auto port = listening.get_future();
-  SideChannelOptions o0 = options(0, 0);
-  o0.on_listening = [&](std::uint16_t p) { listening.set_value(p); };
-  auto root = std::async(std::launch::async, [o0] { return SideChannel::connect(o0); });
-  REQUIRE(port.wait_for(5s) == std::future_status::ready);
-  auto one = SideChannel::connect(options(1, port.get()));
-  auto zero = root.get();
-  REQUIRE(one);
-  REQUIRE(zero);
+  auto ranks = two_ranks(0x18f8);
+  std::optional<SideChannel> zero(std::move(ranks.first)), one(std::move(ranks.second));
 
   WorkCompletion wc[4];
   // A completion waiting: returned, the peer not even asked.

@@ -1,6 +1,8 @@
 // LinkMailbox between two ranks of one side channel in this process: a peer on another link
 // protocol version (an older tbverbs, which sends no LinkOffer before its endpoint) is named at
 // once, with both versions, instead of leaving this side waiting for an offer that never comes.
+#include "two_ranks.hpp"
+
 #include <tbverbs/link.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -15,25 +17,9 @@ using namespace tbverbs;
 
 TEST_CASE("LinkMailbox: a peer on another link protocol version is named at once", "[link][mailbox]") {
   using namespace std::chrono_literals;
-  auto options = [](int rank, std::uint16_t port) {
-    SideChannelOptions o;
-    o.rank = rank;
-    o.size = 2;
-    o.coordinator = "127.0.0.1:" + std::to_string(port);
-    o.job_token = 0x21;
-    o.timeout = 5s;
-    return o;
-  };
-  std::promise<std::uint16_t> listening;
-  auto port = listening.get_future();
-  SideChannelOptions o0 = options(0, 0);
-  o0.on_listening = [&](std::uint16_t p) { listening.set_value(p); };
-  auto root = std::async(std::launch::async, [o0] { return SideChannel::connect(o0); });
-  REQUIRE(port.wait_for(5s) == std::future_status::ready);
-  auto one = SideChannel::connect(options(1, port.get()));
-  auto zero = root.get();
-  REQUIRE(one);
-  REQUIRE(zero);
+  auto [zero_rank, one_rank] = two_ranks(0x21);
+  SideChannel* zero = &zero_rank;
+  SideChannel* one = &one_rank;
 
   // Rank 1 is an older build: its first link message is a version-2 endpoint ("TBLK", version 2,
   // type 1, link 7, attempt 0), where this build expects a version-3 offer.
