@@ -185,12 +185,17 @@ ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
 // Thunderbolt send-queue accounting: frames leave tx_frames when their send
 // completes, whoever completes it. Saturating, and only while the slot still
 // holds that QP (a reset QP starts from zero).
+// A send counted in frames is one work request of tx_wrs too (quirk post_limit).
 void tx_release(Shared* s, uint32_t qpn, uint32_t frames) {
   if (!frames) return;
   ShmQp& x = s->qps[qpn & (kMaxQps - 1)];
   if (__atomic_load_n(&x.qpn, __ATOMIC_RELAXED) != qpn) return;
   uint32_t cur = __atomic_load_n(&x.tx_frames, __ATOMIC_RELAXED);
   while (!__atomic_compare_exchange_n(&x.tx_frames, &cur, cur > frames ? cur - frames : 0u, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
+  cur = __atomic_load_n(&x.tx_wrs, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&x.tx_wrs, &cur, cur > 0 ? cur - 1 : 0u, true, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {
   }
 }
@@ -1123,7 +1128,16 @@ int post_send_locked(EmuQp* q, ibv_send_wr* wr, ibv_send_wr** bad, uint32_t dela
         if (bad) *bad = wr;
         return ENOMEM;
       }
+      // Quirk post_limit=63 (hellas-ai/thunderbolt-ibverbs PR #41: "sender learned 63/64 usable
+      // in-flight sends"): at most 63 sends outstanding, whatever create_qp granted. ENOMEM, as for
+      // the frame budget, is our assumption (the errno of that refusal is not published).
+      if (quirk(*q->ctx->fab, Profile::Thunderbolt, Quirk::PostLimit) == kPostLimit63 &&
+          __atomic_load_n(&q->s->tx_wrs, __ATOMIC_RELAXED) >= kPostLimitWrs) {
+        if (bad) *bad = wr;
+        return ENOMEM;
+      }
       __atomic_add_fetch(&q->s->tx_frames, fr, __ATOMIC_RELAXED);
+      __atomic_add_fetch(&q->s->tx_wrs, 1u, __ATOMIC_RELAXED);
       op.frames_counted = fr;
     }
     if (q->pending.empty() && delay == 0) {
@@ -1212,6 +1226,14 @@ int emu_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       if (bad) *bad = wr;
       return ENOMEM;  // depth exhausted (Thunderbolt: counted in 4 KiB frames)
     }
+    // Quirk post_limit=63 (hellas-ai/thunderbolt-ibverbs PR #41: "receiver learned 63/128 usable
+    // initial receives"): at most 63 receives posted and not consumed, whatever create_qp granted.
+    // ENOMEM: hellas#35 and #39 saw ibv_post_recv return -12 on a Mac; our assumption for this limit.
+    if (tb && quirk(f, Profile::Thunderbolt, Quirk::PostLimit) == kPostLimit63 &&
+        q->s->tail - q->s->head >= kPostLimitWrs) {
+      if (bad) *bad = wr;
+      return ENOMEM;
+    }
     q->s->ring[q->s->tail & (kRecvRing - 1)] = e;
     q->s->recv_frames += e.frames;
     __atomic_store_n(&q->s->tail, q->s->tail + 1, __ATOMIC_RELEASE);
@@ -1283,7 +1305,10 @@ void forget_waiting_sends(EmuQp* q, bool flush) {
     if (flush)
       for (const auto& w : removed) complete_waiting(f, w, IBV_WC_WR_FLUSH_ERR);
   }
-  if (!flush) __atomic_store_n(&me->tx_frames, 0u, __ATOMIC_RELAXED);
+  if (!flush) {
+    __atomic_store_n(&me->tx_frames, 0u, __ATOMIC_RELAXED);
+    __atomic_store_n(&me->tx_wrs, 0u, __ATOMIC_RELAXED);
+  }
 }
 
 namespace {

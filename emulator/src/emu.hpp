@@ -82,12 +82,16 @@ uint32_t tb_granted_depth(uint32_t requested);
 // profile only. Value 0 of each is the default (the common field experience).
 // The names, values and sources live in one table, kQuirks (quirks.cpp), used for
 // parsing, for `tbverbs-emu show` and mirrored in docs/emulator.md.
-enum class Quirk : uint32_t { EmptyRq = 0, MacOs = 1, MrAccess = 2, CompletionChannels = 3 };
-constexpr uint32_t kNumQuirks = 4;
+enum class Quirk : uint32_t { EmptyRq = 0, MacOs = 1, MrAccess = 2, CompletionChannels = 3, PostLimit = 4 };
+constexpr uint32_t kNumQuirks = 5;
 enum EmptyRq : uint32_t { kEmptyRqWait = 0, kEmptyRqDrop = 1, kEmptyRqKill = 2 };
 enum MacOs : uint32_t { kMacOs26_3 = 0, kMacOs26_2 = 1 };
 enum MrAccess : uint32_t { kMrAccessAny = 0, kMrAccessLocalWriteOnly = 1, kMrAccessRemoteRequired = 2 };
 enum Channels : uint32_t { kChannelsOff = 0, kChannelsOn = 1 };
+// post_limit (hellas-ai/thunderbolt-ibverbs PR #41): posts accepted up to the granted depth in
+// frames (TN3205), or at most kPostLimit63 work requests outstanding per queue.
+enum PostLimit : uint32_t { kPostLimitGranted = 0, kPostLimit63 = 1 };
+constexpr uint32_t kPostLimitWrs = 63;
 
 struct QuirkValue {
   const char* name;
@@ -375,6 +379,10 @@ struct ShmQp {
   // Thunderbolt: frames of this QP's sends posted and not yet completed (atomic;
   // the sender adds, whoever completes the send subtracts). Bounded by max_send_wr.
   uint32_t tx_frames;
+  // Thunderbolt: this QP's sends posted and not yet completed, in work requests (atomic, with
+  // tx_frames). The quirk post_limit=63 refuses a post beyond kPostLimitWrs of them.
+  uint32_t tx_wrs;
+  uint32_t pad2;
   // `tbverbs-emu fault qp-fatal`: 1 = raised (the QP is in ERR), 2 = its owner reported
   // IBV_EVENT_QP_FATAL and flushed its work requests (async_events.cpp).
   uint32_t fatal;
@@ -426,6 +434,7 @@ struct Shared {
   uint32_t next_pd;
   uint32_t pad;
   uint32_t quirks[kNumQuirks];  // live quirk values (atomic loads), see Quirk
+  uint32_t pad2;
   ShmPort ports[kMaxPorts];
   ShmFault faults[kMaxFaults];
   ShmMr mrs[kMaxMrs];
@@ -435,7 +444,7 @@ struct Shared {
   ShmBell bells[kMaxCqs];  // a process with a CQ has one: never more than the CQs
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d55000aull;  // "TBVEMU" v10 (QP-fatal and device-removed faults)
+constexpr uint64_t kMagic = 0x54425645'4d55000bull;  // "TBVEMU" v11 (quirk post_limit: five quirks, tx_wrs)
 
 // The bell of this process, allocated on first use (caller holds shm->lock); kMaxCqs if none free.
 uint32_t own_bell(Shared* s);

@@ -114,6 +114,16 @@ const QuirkDef kQuirks[kNumQuirks] = {
       {"on", "our assumption", "completion channels work as on rdma-core"},
       {}},
      2},
+    {"post_limit",
+     {{"granted", "TN3205 (queue depths in 4 KiB frames; \"the system may adjust queue depths\")",
+       "posts are accepted up to the depth create_qp granted, counted in 4 KiB frames"},
+      {"63",
+       "[R] hellas-ai/thunderbolt-ibverbs PR #41 (64 KiB messages: \"63/64\" in-flight sends, \"63/128\" initial "
+       "receives); ENOMEM is our assumption",
+       "at most 63 work requests outstanding per queue, whatever create_qp granted: the 64th post_send (sends not "
+       "completed) or post_recv (receives not consumed) fails with ENOMEM"},
+      {}},
+     2},
 };
 
 namespace {

@@ -913,6 +913,7 @@ EMU_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     x.recv_frames = 0;
     x.head = x.tail = 0;
     x.tx_frames = 0;
+    x.tx_wrs = 0;
     x.fatal = 0;
     discard_waiting(x);
     // "Drop the next QP created on host X" faults bind here.

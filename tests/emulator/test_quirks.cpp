@@ -42,9 +42,9 @@ TEST_CASE("quirks: defaults, fabric file, TBVERBS_EMU_QUIRKS and the control API
           "[quirk]") {
   {
     TempFabric f(three_hosts("thunderbolt"));
-    CHECK(std::string(tbemu_quirks(f.p())) == "empty_rq=wait macos=26.3 mr_access=any completion_channels=off");
+    CHECK(std::string(tbemu_quirks(f.p())) == "empty_rq=wait macos=26.3 mr_access=any completion_channels=off post_limit=granted");
     CHECK(tbemu_set_quirks(f.p(), "empty_rq=kill,macos=26.2") == 0);
-    CHECK(std::string(tbemu_quirks(f.p())) == "empty_rq=kill macos=26.2 mr_access=any completion_channels=off");
+    CHECK(std::string(tbemu_quirks(f.p())) == "empty_rq=kill macos=26.2 mr_access=any completion_channels=off post_limit=granted");
     CHECK(tbemu_set_quirks(f.p(), "empty_rq=sometimes") == EINVAL);
     CHECK(std::string(tbemu_last_error()).find("expected wait, drop, kill") != std::string::npos);
     CHECK(tbemu_set_quirks(f.p(), "nosuch=1") == EINVAL);
@@ -63,14 +63,14 @@ TEST_CASE("quirks: defaults, fabric file, TBVERBS_EMU_QUIRKS and the control API
     j.insert(1, R"("quirks": {"empty_rq": "drop", "mr_access": "local_write_only"}, )");
     TempFabric f(j);
     CHECK(std::string(tbemu_quirks(f.p())) ==
-          "empty_rq=drop macos=26.3 mr_access=local_write_only completion_channels=off");
+          "empty_rq=drop macos=26.3 mr_access=local_write_only completion_channels=off post_limit=granted");
   }
   {
     setenv("TBVERBS_EMU_QUIRKS", "completion_channels=on,macos=26.2", 1);
     TempFabric f(three_hosts("thunderbolt"));
     const char* q = tbemu_quirks(f.p());
     unsetenv("TBVERBS_EMU_QUIRKS");
-    CHECK(std::string(q) == "empty_rq=wait macos=26.2 mr_access=any completion_channels=on");
+    CHECK(std::string(q) == "empty_rq=wait macos=26.2 mr_access=any completion_channels=on post_limit=granted");
   }
   {
     std::string j = three_hosts("thunderbolt");
@@ -430,4 +430,53 @@ TEST_CASE("quirk completion_channels: off refuses channels and req_notify_cq wit
   CHECK(rch != nullptr);
   if (rch) ibv_destroy_comp_channel(rch);
   ibv_close_device(rctx);
+}
+
+TEST_CASE("quirk post_limit=63 (hellas-ai/thunderbolt-ibverbs PR #41): the 64th outstanding post fails with ENOMEM; "
+          "granted, the default, accepts the granted depth",
+          "[quirk][post_limit]") {
+  // Depth 256 is granted 1023 frames (docs/emulator.md, Limits): room for far more than 64 small posts.
+  const uint32_t small = 4096;
+  SECTION("granted: 64 receives and 64 waiting sends are taken") {
+    Pair pr("", 1 << 20, 256);
+    for (int i = 0; i < 64; ++i) REQUIRE(post_send(pr.a, static_cast<uint64_t>(i), 0, small) == 0);
+    for (int i = 0; i < 64; ++i) REQUIRE(post_recv(pr.b, static_cast<uint64_t>(i), 0, small) == 0);
+    for (int i = 0; i < 64; ++i) REQUIRE(post_recv(pr.b, static_cast<uint64_t>(100 + i), 0, small) == 0);
+    // The report's size, 64 KiB: the frame budget alone refuses the 64th receive (63 x 16 frames fit
+    // in the 1023 granted for a request of 128, 64 x 16 do not), so both readings agree there.
+    Pair big("", 1 << 20, 128);
+    int taken = 0;
+    while (taken < 100 && post_recv(big.b, static_cast<uint64_t>(taken), 0, 65536) == 0) ++taken;
+    CHECK(taken == 63);
+  }
+  SECTION("63: the 64th of either fails with ENOMEM until one completes") {
+    Pair pr("post_limit=63", 1 << 20, 256);
+    CHECK(std::string(tbemu_quirks(pr.f.p())).find("post_limit=63") != std::string::npos);
+    // Sends: the receiver has no receive, so under empty_rq=wait they wait, outstanding.
+    for (int i = 0; i < 63; ++i) REQUIRE(post_send(pr.a, static_cast<uint64_t>(i), 0, small) == 0);
+    CHECK(post_send(pr.a, 63, 0, small) == ENOMEM);
+    // A receive consumes a waiting send, which completes and frees a send.
+    REQUIRE(post_recv(pr.b, 1000, 0, small) == 0);
+    ibv_wc wc{};
+    REQUIRE(poll_one(pr.a.cq, &wc));
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(post_send(pr.a, 64, 0, small) == 0);
+    CHECK(post_send(pr.a, 65, 0, small) == ENOMEM);
+    // 63 receives take the 63 waiting sends; then the receive queue holds 63, not 64.
+    for (int i = 0; i < 63; ++i) REQUIRE(post_recv(pr.b, static_cast<uint64_t>(2000 + i), 0, small) == 0);
+    for (int i = 0; i < 63; ++i) REQUIRE(post_recv(pr.b, static_cast<uint64_t>(3000 + i), 0, small) == 0);
+    CHECK(post_recv(pr.b, 4000, 0, small) == ENOMEM);
+    // A send consumes one: one more receive fits.
+    REQUIRE(post_send(pr.a, 66, 0, small) == 0);
+    CHECK(post_recv(pr.b, 4001, 0, small) == 0);
+    CHECK(post_recv(pr.b, 4002, 0, small) == ENOMEM);
+  }
+  SECTION("the rdma-core profiles ignore it") {
+    TempFabric f(three_hosts("rdma-core-rc"));
+    REQUIRE(tbemu_set_quirks(f.p(), "post_limit=63") == 0);
+    Side b;
+    REQUIRE(b.open("hostB", "rdma_en1", IBV_QPT_UC, 1 << 20, 256));
+    REQUIRE(to_init(b.qp) == 0);
+    for (int i = 0; i < 100; ++i) REQUIRE(post_recv(b, static_cast<uint64_t>(i), 0, small) == 0);
+  }
 }
