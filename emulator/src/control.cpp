@@ -109,8 +109,10 @@ EMU_EXPORT int tbemu_reset(const char* fabric) {
   __atomic_store_n(&s->nfaults, 0u, __ATOMIC_RELEASE);  // read without the lock by the fault checks
   for (auto& q : s->qps) q.drop_tx = 0;
   for (uint32_t i = 0; i < kNumQuirks; ++i) __atomic_store_n(&s->quirks[i], f->quirks[i], __ATOMIC_RELAXED);
+  for (auto& n : s->stale_transfers) __atomic_store_n(&n, 0u, __ATOMIC_RELAXED);
   free_leaked_pds(s);  // a reboot
   collect_dead(s);
+  remove_dead_records(f->state_dir);
   // Channel FIFOs left behind by processes that died.
   if (DIR* d = opendir(f->state_dir.c_str())) {
     while (dirent* e = readdir(d)) {
@@ -481,6 +483,7 @@ EMU_EXPORT const char* tbemu_describe(const char* fabric) {
   Shared* s = f->shm;
   Guard g(s->lock);
   collect_dead(s);
+  remove_dead_records(f->state_dir);
   {
     QuirkSet q;
     std::memcpy(q, s->quirks, sizeof q);
@@ -502,7 +505,10 @@ EMU_EXPORT const char* tbemu_describe(const char* fabric) {
         if (p.in_use && p.device == static_cast<uint32_t>(d) && p.pid < 0) ++nleaked;
       o << "  device " << dd.name << " profile=" << profile_name(dd.profile) << " qps=" << nqp
         << " pds=" << count_pds(s, d) << (nleaked ? " (" + std::to_string(nleaked) + " leaked)" : std::string())
-        << " cqs=" << ncq << " mrs=" << nmr << "\n";
+        << " cqs=" << ncq << " mrs=" << nmr
+        // Transfers that met memory unmapped after ibv_reg_mr (pages.cpp, docs/emulator.md).
+        << " stale_mr_transfers=" << (d < static_cast<int>(kMaxPorts) ? __atomic_load_n(&s->stale_transfers[d], __ATOMIC_RELAXED) : 0)
+        << "\n";
       for (int p : dd.ports) {
         const ShmPort& sp = s->ports[p];
         o << "    port " << f->ports[p].port_num << ": " << (sp.up ? "up" : "down") << ", "

@@ -171,6 +171,168 @@ Copy copy_iov(int32_t src_pid, const iovec* src, unsigned nsrc, int32_t dst_pid,
   return static_cast<uint64_t>(r) == total ? Copy::Ok : Copy::Fault;
 }
 
+// One side of a copy between registered memory: its ranges and the region each lies in.
+struct Span {
+  int32_t pid;
+  const iovec* iov;
+  const uint32_t* keys;  // the region (lkey/rkey) of each range; 0: not registered memory (inline data)
+  unsigned n;
+  uint32_t qpn;          // the QP on this side (for the trace)
+};
+
+// The 0xdb bytes a stale source gives: the old pages' bytes, which the emulator does not know.
+const unsigned char* stale_bytes() {
+  static const auto* page = [] {
+    auto* p = new unsigned char[4096];
+    std::memset(p, 0xdb, 4096);
+    return p;
+  }();
+  return page;
+}
+constexpr uint64_t kStaleBytes = 4096;
+
+// A range split where its pages go from stale to not (pages.cpp).
+struct Seg {
+  uint64_t addr, len;
+  bool stale;
+};
+void segments(const Fabric& f, const Span& sp, uint64_t start, unsigned stale_mask, std::vector<Seg>* out) {
+  const uint64_t ps = page_size();
+  std::vector<uint8_t> pages;
+  for (unsigned i = 0; i < sp.n; ++i) {
+    const auto addr = reinterpret_cast<uint64_t>(sp.iov[i].iov_base);
+    const uint64_t len = sp.iov[i].iov_len;
+    if (len == 0) continue;
+    pages.clear();
+    uint64_t first = 0;
+    if (stale_mask & (1u << i)) pages_stale(f, sp.pid, start, sp.keys[i], addr, len, &first, &pages);
+    for (uint64_t a = addr, end = addr + len; a < end;) {
+      const uint64_t next = std::min(end, (a / ps + 1) * ps);
+      const uint64_t idx = a / ps - addr / ps;
+      const bool st = idx < pages.size() && pages[idx];
+      if (!out->empty() && out->back().stale == st && out->back().addr + out->back().len == a)
+        out->back().len += next - a;
+      else
+        out->push_back(Seg{a, next - a, st});
+      a = next;
+    }
+  }
+}
+
+// The copy when some page is stale: page runs of the target that are stale are skipped, stale
+// source runs give 0xdb. The slow path (it allocates); taken only when the program has a bug.
+Copy copy_stale(const Fabric& f, const Span& src, uint64_t src_start, unsigned src_mask, const Span& dst,
+                uint64_t dst_start, unsigned dst_mask, uint64_t total, uint64_t other_start) {
+  const int32_t me = getpid();
+  if (!(src.pid == me && dst.pid == me) && !same_process(src.pid == me ? dst.pid : src.pid, other_start))
+    return Copy::Gone;
+  std::vector<Seg> ss, ds;
+  segments(f, src, src_start, src_mask, &ss);
+  segments(f, dst, dst_start, dst_mask, &ds);
+  size_t si = 0, di = 0;
+  uint64_t so = 0, doff = 0, left = total;
+  while (left > 0 && si < ss.size() && di < ds.size()) {
+    const Seg& a = ss[si];
+    const Seg& b = ds[di];
+    uint64_t n = std::min({a.len - so, b.len - doff, left});
+    if (a.stale) n = std::min(n, kStaleBytes);
+    void* to = reinterpret_cast<void*>(b.addr + doff);
+    const void* from = a.stale ? static_cast<const void*>(stale_bytes()) : reinterpret_cast<const void*>(a.addr + so);
+    if (!b.stale) {  // a stale target page is the old page's business: the new one is left alone
+      ssize_t r = static_cast<ssize_t>(n);
+      if (dst.pid == me && (src.pid == me || a.stale)) {
+        std::memcpy(to, from, n);
+      } else if (dst.pid == me) {
+        iovec l{to, n}, rem{const_cast<void*>(from), n};
+        r = process_vm_readv(src.pid, &l, 1, &rem, 1, 0);
+      } else {
+        iovec l{const_cast<void*>(from), n}, rem{to, n};
+        r = process_vm_writev(dst.pid, &l, 1, &rem, 1, 0);
+      }
+      if (r < 0) return errno == ESRCH ? Copy::Gone : Copy::Fault;
+      if (static_cast<uint64_t>(r) != n) return Copy::Fault;
+    }
+    so += n;
+    doff += n;
+    left -= n;
+    if (so == a.len) ++si, so = 0;
+    if (doff == b.len) ++di, doff = 0;
+  }
+  return Copy::Ok;
+}
+
+// copy_iov, with the page check (pages.cpp, docs/emulator.md "Registration and pinning"): memory a
+// program unmapped after ibv_reg_mr is, as on hardware, no longer behind its region. A target page
+// that is stale is not written (the NIC writes the old page, which the program cannot see), a stale
+// source page gives 0xdb bytes (the NIC reads the old page). The transfer completes as usual and is
+// reported. Cost: a pagemap read per range, or a few microseconds where the fast path proves the
+// pages unchanged (pages.cpp).
+Copy copy_checked(const Fabric& f, const Span& src, const Span& dst, uint64_t total, uint64_t other_start) {
+  if (!g_page_check || total == 0)
+    return copy_iov(src.pid, src.iov, src.n, dst.pid, dst.iov, dst.n, total, other_start);
+  const int32_t me = getpid();
+  const uint64_t src_start = src.pid == me ? self_start() : other_start;
+  const uint64_t dst_start = dst.pid == me ? self_start() : other_start;
+  unsigned src_mask = 0, dst_mask = 0, unproven_src = 0, unproven_dst = 0;
+  uint64_t first = 0;
+  auto check = [&](const Span& sp, uint64_t start, bool as_source, unsigned* mask, unsigned* unproven) {
+    for (unsigned i = 0; i < sp.n; ++i) {
+      if (!sp.keys[i]) continue;
+      switch (check_pages(f, sp.pid, start, sp.keys[i], reinterpret_cast<uint64_t>(sp.iov[i].iov_base),
+                          sp.iov[i].iov_len, &first)) {
+        case PageCheck::kStale:
+          *mask |= 1u << i;
+          report_stale(f, sp.keys[i], first, as_source, sp.qpn);
+          break;
+        case PageCheck::kUnproven: *unproven |= 1u << i; break;
+        case PageCheck::kClean: break;
+      }
+    }
+  };
+  check(src, src_start, true, &src_mask, &unproven_src);
+  check(dst, dst_start, false, &dst_mask, &unproven_dst);
+  if (src_mask != 0 || dst_mask != 0)
+    return copy_stale(f, src, src_start, src_mask, dst, dst_start, dst_mask, total, other_start);
+  const bool watch = (unproven_src | unproven_dst) != 0;
+  const uint64_t faults = watch ? thread_faults() : 0;
+  const Copy r = copy_iov(src.pid, src.iov, src.n, dst.pid, dst.iov, dst.n, total, other_start);
+  if (!watch || r != Copy::Ok || (faults != UINT64_MAX && thread_faults() == faults)) return r;
+  // The copy faulted a page in: maybe one of the other process's that was unmapped since its last
+  // full check. Checked in full now; where it was, the copy is undone: a stale target page (a new,
+  // zero-filled page the copy faulted in) is zeroed again, and the bytes read from a stale source
+  // page are written again as 0xdb (copy_stale).
+  auto recheck = [&](const Span& sp, uint64_t start, bool as_source, unsigned unproven, unsigned* mask) {
+    for (unsigned i = 0; i < sp.n; ++i)
+      if ((unproven & (1u << i)) && pages_stale(f, sp.pid, start, sp.keys[i],
+                                                reinterpret_cast<uint64_t>(sp.iov[i].iov_base), sp.iov[i].iov_len,
+                                                &first)) {
+        *mask |= 1u << i;
+        report_stale(f, sp.keys[i], first, as_source, sp.qpn);
+      }
+  };
+  recheck(src, src_start, true, unproven_src, &src_mask);
+  recheck(dst, dst_start, false, unproven_dst, &dst_mask);
+  if (src_mask == 0 && dst_mask == 0) return r;
+  if (dst_mask != 0) {
+    static const std::vector<unsigned char> zeros(kStaleBytes, 0);
+    std::vector<Seg> ds;
+    segments(f, dst, dst_start, dst_mask, &ds);
+    for (const Seg& sg : ds)
+      for (uint64_t at = 0; sg.stale && at < sg.len;) {
+        const uint64_t n = std::min(sg.len - at, kStaleBytes);
+        void* to = reinterpret_cast<void*>(sg.addr + at);
+        if (dst.pid == me) {
+          std::memset(to, 0, n);
+        } else {
+          iovec l{const_cast<unsigned char*>(zeros.data()), n}, rem{to, n};
+          if (process_vm_writev(dst.pid, &l, 1, &rem, 1, 0) != static_cast<ssize_t>(n)) break;
+        }
+        at += n;
+      }
+  }
+  return copy_stale(f, src, src_start, src_mask, dst, dst_start, dst_mask, total, other_start);
+}
+
 ibv_wc_opcode send_wc_opcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:
@@ -331,8 +493,9 @@ Peer find_peer(EmuQp* q, PeerView* pv) {
   return peer_ready(p, me) ? Peer::Ready : Peer::NotReady;
 }
 
-// Builds the source iovecs of a send. Returns false if an lkey check fails.
-bool source_iov(EmuQp* q, const SendOp& op, iovec* iov, unsigned* n) {
+// Builds the source iovecs of a send and their regions (0 for inline data, which is no region's).
+// Returns false if an lkey check fails.
+bool source_iov(EmuQp* q, const SendOp& op, iovec* iov, uint32_t* keys, unsigned* n) {
   Shared* s = q->ctx->fab->shm;
   *n = 0;
   for (uint32_t i = 0; i < op.num_sge; ++i) {
@@ -342,6 +505,7 @@ bool source_iov(EmuQp* q, const SendOp& op, iovec* iov, unsigned* n) {
     if (!op.is_inline && !check_region(s, g.lkey, g.addr, g.length, q->s->pid, q->s->pd, 0, &a)) return false;
     iov[*n].iov_base = reinterpret_cast<void*>(a);
     iov[*n].iov_len = g.length;
+    keys[*n] = op.is_inline ? 0 : g.lkey;
     ++*n;
   }
   return true;
@@ -354,9 +518,12 @@ struct Msg {
   ibv_wr_opcode opcode;
   uint64_t len;
   const iovec* src;
+  const uint32_t* src_keys;  // the region of each source range (the page check)
   unsigned nsrc;
   int32_t src_pid;
+  uint32_t src_qpn;
   const iovec* wdst = nullptr;  // RDMA WRITE_WITH_IMM: the checked remote range
+  uint32_t wkey = 0;            // ... and its rkey
 };
 struct Outcome {
   ibv_wc_status recv = IBV_WC_SUCCESS;
@@ -366,8 +533,9 @@ struct Outcome {
 
 // `other_start`: the start time of the process on the other side (see same_process).
 // `pairs_frames`: the receiver is a Mac, whose driver pairs a send with a receive of as many frames.
-Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool pairs_frames,
+Outcome deliver(const Fabric& f, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t dst_qpn, bool pairs_frames,
                 uint64_t other_start) {
+  Shared* s = f.shm;
   Outcome o;
   const bool is_write = m.wdst != nullptr;
   // The receive's SGEs were checked when posted; pin their regions (which fails for one
@@ -395,10 +563,12 @@ Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t 
     return o;
   }
   Copy r;
+  const Span src{m.src_pid, m.src, m.src_keys, m.nsrc, m.src_qpn};
   if (is_write) {
-    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, m.wdst, 1, m.len, other_start);
+    r = copy_checked(f, src, Span{dst_pid, m.wdst, &m.wkey, 1, dst_qpn}, m.len, other_start);
   } else {
     iovec dst[kMaxSge];
+    uint32_t keys[kMaxSge];
     unsigned nd = 0;
     uint64_t left = m.len;
     for (uint32_t i = 0; i < e.num_sge && left > 0; ++i) {
@@ -406,10 +576,11 @@ Outcome deliver(Shared* s, const Msg& m, RecvEntry e, int32_t dst_pid, uint32_t 
       if (n == 0) continue;
       dst[nd].iov_base = reinterpret_cast<void*>(e.sge[i].addr);
       dst[nd].iov_len = n;
+      keys[nd] = e.sge[i].lkey;
       ++nd;
       left -= n;
     }
-    r = copy_iov(m.src_pid, m.src, m.nsrc, dst_pid, dst, nd, m.len, other_start);
+    r = copy_checked(f, src, Span{dst_pid, dst, keys, nd, dst_qpn}, m.len, other_start);
   }
   if (r == Copy::Gone) o.gone = true;
   if (r == Copy::Fault) {
@@ -456,6 +627,7 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
   Shared* s = q->ctx->fab->shm;
   RegionPins pins(s);  // the local targets and the remote source, until the copy is done
   iovec dst[kMaxSge];
+  uint32_t dkeys[kMaxSge];
   unsigned nd = 0;
   for (uint32_t i = 0; i < op.num_sge; ++i) {
     const ibv_sge& g = op.sge[i];
@@ -469,6 +641,7 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
     }
     dst[nd].iov_base = reinterpret_cast<void*>(a);
     dst[nd].iov_len = g.length;
+    dkeys[nd] = g.lkey;
     ++nd;
   }
   uint64_t ra = 0;
@@ -484,7 +657,9 @@ Tx try_read(EmuQp* q, SendOp& op, const PeerView& pv) {
     if (!g.ok() || pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
   }
   iovec src{reinterpret_cast<void*>(ra), op.len};
-  if (copy_iov(pv.pid, &src, 1, q->s->pid, dst, nd, op.len, pv.pid_start) != Copy::Ok) return Tx::NotReady;
+  if (copy_checked(*q->ctx->fab, Span{pv.pid, &src, &op.rkey, 1, pv.qpn}, Span{q->s->pid, dst, dkeys, nd, q->qp.qp_num},
+                   op.len, pv.pid_start) != Copy::Ok)
+    return Tx::NotReady;
   uint32_t n = packets_of(q->s, op.len);  // the response packets take the request's PSNs
   {
     BoundedGuard g(pv.qp->lock);
@@ -538,8 +713,20 @@ Tx try_atomic(EmuQp* q, SendOp& op, const PeerView& pv) {
     Guard pg(pv.qp->lock);
     if (pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no response
   }
+  // The page check (pages.cpp): a stale target word is the old page's; the NIC reads and writes
+  // that one, so the new page is left alone and the value returned is unknown (0xdb bytes here). A
+  // stale local result buffer is not written.
+  // An 8-byte word: the full check (one pagemap entry) costs less than the fast path.
+  Fabric& f = *q->ctx->fab;
+  uint64_t first = 0;
+  const bool remote_stale = g_page_check && pages_stale(f, pv.pid, pv.pid_start, op.rkey, ra, 8, &first);
+  if (remote_stale) report_stale(f, op.rkey, first, false, pv.qpn);
+  const bool local_stale = g_page_check && pages_stale(f, me, self_start(), g.lkey, la, 8, &first);
+  if (local_stale) report_stale(f, g.lkey, first, false, q->qp.qp_num);
   uint64_t old = 0;
-  {
+  if (remote_stale) {
+    std::memcpy(&old, stale_bytes(), 8);
+  } else {
     Guard ag(s->atomics);
     iovec remote{reinterpret_cast<void*>(ra), 8}, mine{&old, 8};
     if (copy_iov(pv.pid, &remote, 1, me, &mine, 1, 8, pv.pid_start) != Copy::Ok) return Tx::NotReady;
@@ -548,14 +735,13 @@ Tx try_atomic(EmuQp* q, SendOp& op, const PeerView& pv) {
     iovec val{&next, 8};
     if (next != old && copy_iov(me, &val, 1, pv.pid, &remote, 1, 8, pv.pid_start) != Copy::Ok) return Tx::NotReady;
   }
-  std::memcpy(reinterpret_cast<void*>(la), &old, 8);  // the local SGE is this process's
+  if (!local_stale) std::memcpy(reinterpret_cast<void*>(la), &old, 8);  // the local SGE is this process's
   {
     Guard pg(pv.qp->lock);
     pv.qp->rq_psn = (pv.qp->rq_psn + 1) & 0xffffff;
   }
   q->s->sq_psn = (q->s->sq_psn + 1) & 0xffffff;
   // Paced cables: as a READ of 8 bytes (request one way, response the other).
-  Fabric& f = *q->ctx->fab;
   const int64_t req = wire_due(f, q->s->port, 0);
   const int64_t resp = q->s->peer_port >= 0 ? wire_due(f, static_cast<uint32_t>(q->s->peer_port), 8) : 0;
   complete_send(q, op, IBV_WC_SUCCESS, std::max(req, resp));
@@ -591,8 +777,9 @@ Tx try_send(EmuQp* q, SendOp& op) {
   const bool is_write = op.opcode == IBV_WR_RDMA_WRITE || op.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 
   iovec src[kMaxSge];
+  uint32_t src_keys[kMaxSge];
   unsigned nsrc = 0;
-  if (!source_iov(q, op, src, &nsrc)) {
+  if (!source_iov(q, op, src, src_keys, &nsrc)) {
     complete_send(q, op, IBV_WC_LOC_PROT_ERR);
     qp_to_error(q);
     return Tx::Done;
@@ -672,7 +859,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
         BoundedGuard g(pv.qp->lock);  // a stopped responder sends no ACK
         if (!g.ok() || pv.qp->rq_psn != q->s->sq_psn) return Tx::NotReady;  // out of sequence: no ACK
       }
-      if (copy_iov(q->s->pid, src, nsrc, pv.pid, &wdst, 1, op.len, pv.pid_start) != Copy::Ok) {
+      if (copy_checked(f, Span{q->s->pid, src, src_keys, nsrc, q->qp.qp_num}, Span{pv.pid, &wdst, &op.rkey, 1, pv.qpn},
+                       op.len, pv.pid_start) != Copy::Ok) {
         if (rc) return Tx::NotReady;
         lost(q, op, "reason=dead_peer");
         complete_sent(q, op);
@@ -770,8 +958,8 @@ Tx try_send(EmuQp* q, SendOp& op) {
     case Took: break;
   }
 
-  Msg m{op.opcode, op.len, src, nsrc, q->s->pid, is_write ? &wdst : nullptr};
-  Outcome o = deliver(s, m, e, pv.pid, pv.qpn, far_tb, pv.pid_start);
+  Msg m{op.opcode, op.len, src, src_keys, nsrc, q->s->pid, q->qp.qp_num, is_write ? &wdst : nullptr, op.rkey};
+  Outcome o = deliver(f, m, e, pv.pid, pv.qpn, far_tb, pv.pid_start);
   if (o.gone) {  // the peer process is gone, with its memory
     if (rc) return Tx::NotReady;
     if (wait) return Tx::NoCredit;  // a dead receiver gives no credits: never completes
@@ -1277,8 +1465,8 @@ void rx_drain(EmuQp* q) {
     const RecvEntry e = me->ring[me->head & (kRecvRing - 1)];
     const int64_t ready_ns = f.paced ? now_ns() : 0;  // wire_due: before the copy
     iovec src{reinterpret_cast<void*>(w.src_addr), w.len};
-    Msg m{IBV_WR_SEND, w.len, &src, w.len ? 1u : 0u, w.pid};
-    Outcome o = deliver(s, m, e, me->pid, me->qpn, is_tb(q), sq.pid_start);
+    Msg m{IBV_WR_SEND, w.len, &src, &w.lkey, w.len ? 1u : 0u, w.pid, w.src_qpn};
+    Outcome o = deliver(f, m, e, me->pid, me->qpn, is_tb(q), sq.pid_start);
     me->whead++;
     if (o.gone) continue;  // the sender died with its memory: its message is lost
     me->head++;

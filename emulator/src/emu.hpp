@@ -304,6 +304,14 @@ struct ShmFault {
   int32_t device;    // kFaultDeviceRemoved: the global device index
 };
 
+// How the transfers check the pages behind a region (ShmMr::frames; pages.cpp,
+// docs/emulator.md "Registration and pinning"): flags.
+enum FrameCheck : uint32_t {
+  kFramesChecked = 1,  // a frame record exists: transfers compare the pages with it
+  kFramesPinned = 2,   // the pages are pinned (io_uring fixed buffers): they stay while the region lives
+  kFramesPfn = 4,      // the record holds page frame numbers (pagemap readable with CAP_SYS_ADMIN)
+};
+
 struct ShmMr {
   uint32_t key;      // 0 = free slot
   int32_t pid;
@@ -312,10 +320,17 @@ struct ShmMr {
   uint32_t device;
   uint32_t pins;     // copies into the region under way (RegionPins): dereg waits for them
   int32_t pinner;    // the process that pinned it last: dereg stops waiting once it is gone
-  uint32_t pad;
+  uint32_t frames;   // FrameCheck flags; 0 = the pages are not checked
   uint64_t addr;     // process virtual address of the region
   uint64_t iova;     // address the keys are used with (== addr unless reg_mr_iova)
   uint64_t length;
+  // The frame record: what backed the range at registration, in STATE_DIR/mr-PID-START-RECORD
+  // (pages.cpp). Written before the key is published; removed at dereg (and for dead owners).
+  uint64_t record;   // 0 = none
+  uint64_t pid_start;  // the owner's start time (with pid, names the record file)
+  // Transfers that met memory unmapped after ibv_reg_mr (atomic; the first is reported on stderr).
+  uint32_t stale;
+  uint32_t pad;
 };
 
 struct RecvEntry {
@@ -435,6 +450,10 @@ struct Shared {
   uint32_t pad;
   uint32_t quirks[kNumQuirks];  // live quirk values (atomic loads), see Quirk
   uint32_t pad2;
+  uint64_t next_record;  // frame records (ShmMr::record), atomic
+  // Per device (global index; a device has at least one port, so at most kMaxPorts): transfers
+  // that met memory unmapped after ibv_reg_mr (pages.cpp), printed by `tbverbs-emu show`.
+  uint64_t stale_transfers[kMaxPorts];
   ShmPort ports[kMaxPorts];
   ShmFault faults[kMaxFaults];
   ShmMr mrs[kMaxMrs];
@@ -444,7 +463,7 @@ struct Shared {
   ShmBell bells[kMaxCqs];  // a process with a CQ has one: never more than the CQs
 };
 
-constexpr uint64_t kMagic = 0x54425645'4d55000bull;  // "TBVEMU" v11 (quirk post_limit: five quirks, tx_wrs)
+constexpr uint64_t kMagic = 0x54425645'4d55000cull;  // "TBVEMU" v12 (frame records and stale counts of regions)
 
 // The bell of this process, allocated on first use (caller holds shm->lock); kMaxCqs if none free.
 uint32_t own_bell(Shared* s);
@@ -462,6 +481,9 @@ uint64_t self_start();
 // Frees QP/CQ/MR/PD slots whose owner process no longer exists (leaked PDs stay).
 // Caller holds shm->lock.
 void collect_dead(Shared* s);
+// Removes the frame records (pages.cpp: STATE_DIR/mr-PID-START-RECORD) of processes that are gone:
+// collect_dead's part in the state directory.
+void remove_dead_records(const std::string& state_dir);
 // `tbverbs-emu gc`: removes this user's state directories in /dev/shm and /tmp whose fabric file
 // is gone (or, unrecorded, untouched for 10 minutes) and in which no live process has objects,
 // plus the ring launcher's empty ones. Returns them; `report` gets one line per directory.

@@ -54,9 +54,58 @@ struct EmuPd {
   std::atomic<int> users{0};  // MRs and QPs: dealloc while in use is EBUSY, as in the kernel
 };
 
+// ---------------------------------------------------------------- registration and pinning
+// (pages.cpp; docs/emulator.md, "Registration and pinning")
+//
+// ibv_reg_mr checks the range as rdma-core's kernel does (ib_umem_get: mapped, and writable when
+// the access asks for write), pins its pages (io_uring fixed buffers, FOLL_LONGTERM as the kernel
+// pins for a NIC) and records what backs it (/proc/self/pagemap) in a file of the state directory,
+// so that any process doing a transfer can tell whether the memory behind a region was unmapped
+// after ibv_reg_mr (pages_stale).
+
+// What a registration holds: its pin (io_uring buffer slots) and its frame record.
+struct PageReg {
+  uint32_t frames = 0;     // FrameCheck flags (ShmMr::frames)
+  uint64_t record = 0;     // frame record id (0: none)
+  int32_t owner = 0;       // the process that registered (names the record file, with its start time)
+  uint64_t pid_start = 0;
+  int32_t pin_pid = 0;     // the process whose ring holds the slots (0: not pinned)
+  uint32_t pin_first = 0, pin_count = 0;
+};
+// Checks [addr, addr + len) as ib_umem_get does and pins and records it. Returns 0, EFAULT (not
+// mapped, or not writable while `access` asks for write) or EINVAL (the range wraps). On success
+// `out` holds what release_pages gives back; length 0 holds nothing.
+int register_pages(Fabric& f, void* addr, size_t len, unsigned access, PageReg* out);
+// Unpins and removes the frame record of a registration that no transfer can reach any more.
+void release_pages(const Fabric& f, const PageReg& r);
+// TBVERBS_EMU_PAGE_CHECK (read once, at load): false when "off" or "0".
+extern bool g_page_check;
+// Whether the pages of [addr, addr + len), in process `pid` (started at `start`) and in the region
+// of `key`, still hold what the region's frame record says. kStale when some page was replaced or
+// is gone (`first` gets its address); kClean also when nothing can be told (no record, the region
+// gone, pagemap unreadable). kUnproven: another process's pages that were clean at the last full
+// check and cannot have changed since unless one was unmapped and left so, which the copy itself
+// reveals by faulting it in: the caller watches thread_faults() around the copy and, when they
+// moved, checks again with pages_stale (pages.cpp, "the fast path").
+enum class PageCheck { kClean, kStale, kUnproven };
+PageCheck check_pages(const Fabric& f, int32_t pid, uint64_t start, uint32_t key, uint64_t addr, uint64_t len,
+                      uint64_t* first);
+// The full check (no fast path): true when some page is stale; `stale` (when given) gets one flag
+// per page from addr's page.
+bool pages_stale(const Fabric& f, int32_t pid, uint64_t start, uint32_t key, uint64_t addr, uint64_t len,
+                 uint64_t* first, std::vector<uint8_t>* stale = nullptr);
+// This thread's page faults so far (getrusage RUSAGE_THREAD); UINT64_MAX when unknown.
+uint64_t thread_faults();
+// Reports a transfer that met a stale region: counted per region and per device, said on stderr
+// once per region, traced. `as_source`: the region was read (else written).
+void report_stale(const Fabric& f, uint32_t key, uint64_t addr, bool as_source, uint32_t qpn);
+// The system's page size (pagemap's unit).
+uint64_t page_size();
+
 struct EmuMr {
   ibv_mr mr;
   uint32_t slot;
+  PageReg pages;
 };
 
 struct EmuChannel {

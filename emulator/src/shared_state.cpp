@@ -383,7 +383,10 @@ std::vector<std::string> collect_state_dirs(bool dry_run, std::string* report, c
         }
         if (fd >= 0) ::close(fd);
       }
-      if (live) continue;
+      if (live) {
+        if (!dry_run) remove_dead_records(dir);  // kept: only the frame records of its dead processes go
+        continue;
+      }
       if (report) *report += (dry_run ? "would remove " : "removed ") + dir + (fabric.empty() ? "" : " (" + fabric + ")") + "\n";
       if (!dry_run) fs::remove_all(dir, ec);
       removed.push_back(dir);

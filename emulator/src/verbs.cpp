@@ -511,6 +511,13 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     errno = ENOMEM;
     return nullptr;
   }
+  // What the kernel checks and pins (pages.cpp): an unmapped range, or a read-only one with a write
+  // flag, is EFAULT (rdma-core's ib_umem_get; on Apple's profile our assumption, docs/emulator.md).
+  if (int e = register_pages(*c->fab, addr, length, access, &m->pages)) {
+    delete m;
+    errno = e;
+    return nullptr;
+  }
   Shared* s = c->fab->shm;
   {
     Guard g(s->lock);
@@ -530,6 +537,7 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
       slot = mrs_here() >= lim(c).max_mr ? -1 : find_free(s->mrs, used);
     }
     if (slot < 0) {
+      release_pages(*c->fab, m->pages);
       delete m;
       errno = ENOMEM;
       return nullptr;
@@ -542,6 +550,10 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     x.addr = reinterpret_cast<uint64_t>(addr);
     x.iova = iova;
     x.length = length;
+    x.record = m->pages.record;
+    x.pid_start = self_start();
+    x.frames = m->pages.frames;
+    x.stale = 0;
     uint32_t gen = (s->next_gen++ & 0xfffff) | 1;
     __atomic_store_n(&x.key, (gen << 12) | static_cast<uint32_t>(slot), __ATOMIC_RELEASE);
     m->slot = static_cast<uint32_t>(slot);
@@ -571,9 +583,13 @@ EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   auto* m = reinterpret_cast<EmuMr*>(mr);
   Shared* s = c->fab->shm;
   ShmMr& x = s->mrs[m->slot];
+  uint32_t stale = 0;  // transfers that met its memory unmapped after ibv_reg_mr (pages.cpp)
   {
     Guard g(s->lock);
-    if (x.key == mr->lkey) __atomic_store_n(&x.key, 0u, __ATOMIC_SEQ_CST);
+    if (x.key == mr->lkey) {
+      stale = __atomic_load_n(&x.stale, __ATOMIC_RELAXED);
+      __atomic_store_n(&x.key, 0u, __ATOMIC_SEQ_CST);
+    }
   }
   // Copies that pinned the region before its key went finish first (see RegionPins): after this
   // returns nothing writes into the memory. Not for a pinner that died mid-copy (it writes
@@ -587,6 +603,13 @@ EMU_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
     }
     sched_yield();
   }
+  // No transfer reaches the region any more: its pages are unpinned and its frame record goes.
+  if (stale > 0)
+    std::fprintf(stderr,
+                 "tbverbs-emu: region lkey/rkey 0x%x deregistered: %u transfer(s) met its memory unmapped after "
+                 "ibv_reg_mr\n",
+                 mr->lkey, stale);
+  release_pages(*c->fab, m->pages);
   reinterpret_cast<EmuPd*>(mr->pd)->users.fetch_sub(1);
   delete m;
   return 0;
@@ -1346,9 +1369,20 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }
+  // A new range is checked and pinned as at ibv_reg_mr (pages.cpp). The kernel's EFAULT is a failed
+  // command for rdma-core (IBV_REREG_MR_ERR_CMD, errno EFAULT); the region keeps its old range.
+  PageReg moved;
+  if (move) {
+    if (int e = register_pages(*c->fab, addr, length, acc, &moved)) {
+      errno = e;
+      return e == EFAULT ? IBV_REREG_MR_ERR_CMD : IBV_REREG_MR_ERR_INPUT;
+    }
+  }
+  PageReg old = m->pages;
   {
     Guard g(s->lock);
     if (x.key != mr->lkey) {
+      release_pages(*c->fab, moved);
       errno = EINVAL;
       return IBV_REREG_MR_ERR_INPUT;
     }
@@ -1357,6 +1391,10 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
     if (move) {
       x.addr = x.iova = reinterpret_cast<uint64_t>(addr);
       x.length = length;
+      x.record = moved.record;
+      x.frames = moved.frames;
+      x.stale = 0;
+      m->pages = moved;
     }
     if (move || repd) {
       uint32_t gen = (s->next_gen++ & 0xfffff) | 1;
@@ -1372,6 +1410,7 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
   if (move) {
     mr->addr = addr;
     mr->length = length;
+    release_pages(*c->fab, old);  // the old range: no key reaches it any more
   }
   return 0;
 }
