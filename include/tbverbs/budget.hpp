@@ -89,6 +89,9 @@ struct JobShape {
   std::vector<std::size_t> buffers;    ///< Bytes of every buffer registered on this device.
   bool warmup_regions = true;          ///< Count one warm-up region per link (connect_links registers one).
   int extra_messages = 0;              ///< Messages a queue holds beyond 2 x window + 1 (the collectives' second head).
+  /// One-frame (one-WR) messages a queue holds beyond those (the collectives' call headers and
+  /// agreement wave).
+  int extra_control = 0;
 };
 
 /// What a job needs on one device.
@@ -113,7 +116,8 @@ struct JobNeeds {
     n.pds = shape.links > 0 || !shape.buffers.empty() ? 1 : 0;
     const std::uint32_t per = limits.frames ? frames_of(shape.message_bytes) : 1;
     n.depth = per * (2 * static_cast<std::uint32_t>(std::max(1, shape.window)) + 1 +
-                     static_cast<std::uint32_t>(std::max(0, shape.extra_messages)));
+                     static_cast<std::uint32_t>(std::max(0, shape.extra_messages))) +
+              static_cast<std::uint32_t>(std::max(0, shape.extra_control));
     n.cq_entries = shape.links > 0 ? link_cq_entries(n.depth, n.depth) : 0;
     if (shape.warmup_regions) {
       n.mrs += shape.links;

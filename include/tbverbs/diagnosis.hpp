@@ -588,6 +588,16 @@ inline constexpr Diagnosis peer_aborted{
     "Read that rank's own output, which has the full error and its remedy, fix it there and restart "
     "the job; in-flight data is lost."};
 
+inline constexpr Diagnosis call_mismatch{
+    "call-mismatch",
+    "The ranks made different calls: another collective, element type, op, element count or root, "
+    "a send whose recv differs, or a call one rank made and another did not (the detail names both "
+    "calls). Every call's identity is compared before any user buffer is written, so no buffer was "
+    "written by this call.",
+    "Make every rank call the same collectives with the same arguments in the same order (send and "
+    "recv in matching pairs); set TBVERBS_ALGORITHM alike on every rank. The communicator is broken: "
+    "destroy it and connect a new one."};
+
 // ---- GIDs (rows 11, 12, 15; section 3) -----------------------------------------------------
 
 inline constexpr Diagnosis no_ipv4_gid_macos{
@@ -828,6 +838,7 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
     // A peer that is gone is peer_lost whatever errno the socket left (ETIMEDOUT, ECONNRESET).
     {.kind = ErrorKind::peer_lost, .diagnosis = detail::diag::peer_lost},
     {.kind = ErrorKind::peer_aborted, .diagnosis = detail::diag::peer_aborted},
+    {.kind = ErrorKind::call_mismatch, .diagnosis = detail::diag::call_mismatch},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_route_macos},
     {.platform = Platform::apple, .step = Step::side_channel, .sys_errno = EHOSTUNREACH, .diagnosis = detail::diag::side_channel_route_macos},
     {                             .step = Step::side_channel, .sys_errno = ETIMEDOUT,    .diagnosis = detail::diag::side_channel_unreachable},

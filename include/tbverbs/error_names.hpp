@@ -80,7 +80,14 @@ enum class ErrorKind : std::uint8_t {
   /// rank's own condition (issue 19: a forged frame made a rank report a local "required verbs
   /// symbol missing").
   peer_aborted,
+  /// The ranks made different calls (collective, element type, op, count, root or peer, or a call
+  /// one rank made and another did not): found by comparing every call's identity with the peers'
+  /// before any user memory is written. The detail names both calls.
+  call_mismatch,
 };
+
+/// The last ErrorKind (for tables that cover them all).
+inline constexpr ErrorKind last_error_kind = ErrorKind::call_mismatch;
 
 /// The verbs provider family an error came from: the catalogue's remedies differ between them.
 enum class Platform : std::uint8_t {
@@ -297,6 +304,8 @@ constexpr std::string_view kind_name(ErrorKind k) noexcept {
     return "result mismatch";
   case ErrorKind::peer_aborted:
     return "peer aborted";
+  case ErrorKind::call_mismatch:
+    return "ranks made different calls";
   }
   return "unknown error";
 }

@@ -36,6 +36,12 @@ constexpr std::uint32_t frames_of(std::size_t bytes) noexcept {
 /// The largest queue depth Apple's driver accepts, in frames (TN3205: "up to 4095").
 inline constexpr std::uint32_t max_depth_frames = 4095;
 
+/// The most work requests one queue of Apple's driver was seen to hold at once, whatever
+/// ibv_create_qp granted: 63 sends of 64 granted, 63 receives of 128 (hellas-ai/thunderbolt-ibverbs
+/// PR #41, 64 KiB messages; docs/field-reports.md). Code that runs under every reading keeps at
+/// most this many posted and not completed per queue on Apple, besides the frame count.
+inline constexpr std::uint32_t apple_max_posted_requests = 63;
+
 /// A first guess of the largest message, with the rule that chose it.
 struct MessageSizeGuess {
   std::size_t bytes = 0;    ///< Largest message to try (a whole number of frames on Thunderbolt).

@@ -26,10 +26,18 @@ enum class Notice : std::uint8_t {
   /// A completion channel was wanted (CqWait::channel, or the default on rdma-core) but could
   /// not be created or armed (on Apple's driver: EOPNOTSUPP): completion waits poll instead.
   completion_channel_fallback = 0,
+  /// Memory registered with Communicator::register_memory was unmapped and mapped again while
+  /// its handle lived: the old registration still holds the old pages, so collectives on the new
+  /// memory there are staged (copied) instead (collective/registration_cache.hpp).
+  stale_registration = 1,
+  /// Memory::registered cannot prove that a buffer is still the memory it registered (the page
+  /// frames are not readable: no CAP_SYS_ADMIN on Linux, or macOS), so every buffer is
+  /// registered for one call and deregistered after it instead of being kept.
+  registration_per_call = 2,
 };
 
 /// The number of Notice values.
-inline constexpr std::size_t notice_count = 1;
+inline constexpr std::size_t notice_count = 3;
 
 /// The fallback a notice announces, in words ("completion waits poll instead of sleeping on a
 /// channel").
@@ -37,6 +45,11 @@ constexpr std::string_view notice_fallback(Notice n) noexcept {
   switch (n) {
   case Notice::completion_channel_fallback:
     return "completion waits poll instead of sleeping on a completion channel";
+  case Notice::stale_registration:
+    return "collectives on memory at that address are staged (copied) until its MemoryRegistration goes: register the new buffer";
+  case Notice::registration_per_call:
+    return "Memory::registered registers each buffer for one call (the page frames that would prove a kept registration "
+           "still fits its memory are not readable here)";
   }
   return "a fallback was taken";
 }

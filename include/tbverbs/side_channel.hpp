@@ -8,6 +8,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "detail/printable.hpp"
 #include "detail/side_channel_frame.hpp"
 #include "detail/socket.hpp"
 #include "error.hpp"
@@ -206,6 +207,8 @@ struct State {
   std::mutex poison_mutex;           ///< Guards poison_error.
   Error poison_error;                ///< Why the channel was poisoned.
   std::vector<int> poison_fds;       ///< Sockets poison() shuts down (fixed after connect).
+  std::atomic<bool> abort_requested{false}; ///< request_abort() was called; the owner acts on it.
+  Error requested_cause;             ///< Its cause (guarded by poison_mutex).
   bool closed = false;               ///< close() was called.
   int abort_origin = -1;             ///< Rank where the last received abort started.
   std::string abort_text;            ///< Its text, for forwarding without re-prefixing.
@@ -280,7 +283,7 @@ struct State {
   /// Contexts are prefixes ("rank 0, all_reduce (...), waiting for ...: <cause>"), so the end
   /// holds the cause, and the claim after it says what kind it was.
   std::string abort_detail() const {
-    const bool known = abort_claim >= 1 && abort_claim <= static_cast<std::uint8_t>(ErrorKind::peer_aborted);
+    const bool known = abort_claim >= 1 && abort_claim <= static_cast<std::uint8_t>(last_error_kind);
     const std::string head = "rank " + std::to_string(abort_origin) + " aborted: ";
     const std::string tail = " (its error: " +
                              (known ? std::string(kind_name(static_cast<ErrorKind>(abort_claim)))
@@ -292,6 +295,13 @@ struct State {
     const std::size_t room = capacity > head.size() + tail.size() + 3 ? capacity - head.size() - tail.size() : 3;
     if (abort_text.size() <= room) return head + abort_text + tail;
     return head + "..." + abort_text.substr(abort_text.size() - (room - 3)) + tail;
+  }
+
+  /// The note of a leaving frame queued on `c` (printable, bounded), or nullopt.
+  std::optional<std::string> leaving(const Conn& c) const {
+    for (const auto& f : c.inbox)
+      if (f.type == FrameType::leaving) return printable(f.payload, 200);
+    return std::nullopt;
   }
 
   /// Removes and returns the first abort frame queued on `c`, as an error.
@@ -453,6 +463,7 @@ struct State {
     std::vector<int> pending;
     std::vector<Conn*> watched;
     for (;;) {
+      if (auto cause = take_requested_abort()) return fail(*cause);
       if (poisoned.load(std::memory_order_acquire) || closed) return fail(stopped_error());
       pending.clear();
       for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -465,6 +476,11 @@ struct State {
           continue;
         }
         if (c.dead()) return fail(conn_error(c, op));
+        if (want == FrameType::data)
+          if (auto note = leaving(c))
+            return fail(Error::make(Step::side_channel, ErrorKind::peer_lost,
+                                    c.who + " is leaving the job (" + *note + ") while " + me() + " waits in " +
+                                        std::string(op) + " for its message"));
         pending.push_back(static_cast<int>(i));
       }
       if (pending.empty()) break;
@@ -480,7 +496,7 @@ struct State {
             {conns[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])].fd.get(), POLLIN, 0});
       for (Conn* o : watched)
         pfds.push_back({o->fd.get(), POLLIN, 0});
-      const int ms = poll_ms(dl);
+      const int ms = std::min(poll_ms(dl), 50); // slices: a request_abort() is acted on within 50 ms
       const int rc = ::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), ms);
       if (rc < 0) {
         if (errno == EINTR) continue;
@@ -520,6 +536,25 @@ struct State {
     for (auto& c : conns)
       if (c.fd.get() >= 0 && !c.tx_broken && c.lost_errno == 0)
         (void)send_frame(c, FrameType::abort, payload, dl, "abort");
+  }
+
+  /// The cause of a request_abort() from another thread, once: the peers are told (the owner
+  /// thread sends the abort frames) and the channel is poisoned with it. nullopt when none.
+  std::optional<Error> take_requested_abort() noexcept {
+    if (!abort_requested.exchange(false, std::memory_order_acq_rel)) return std::nullopt;
+    Error cause;
+    {
+      std::lock_guard<std::mutex> lock(poison_mutex);
+      cause = requested_cause;
+    }
+    try {
+      (void)fail_collective(cause, false);
+    } catch (...) { // allocation failure: the peers see this rank close instead
+      std::lock_guard<std::mutex> lock(poison_mutex);
+      poison_error = cause;
+      poisoned.store(true, std::memory_order_release);
+    }
+    return cause;
   }
 
   /// A collective or the rendezvous failed with `e`: tell the peers (rank 0 forwards what it was
@@ -651,6 +686,10 @@ public:
   void poison(const Error& cause) noexcept;
   /// poison() with ECANCELED and "rank N's side channel was poisoned by its owner".
   void poison() noexcept;
+  /// Asks the thread that uses the channel to abort(cause): from any thread, at any time. That
+  /// thread acts on it at its next check_peers() or within 50 ms of a wait (the peers are then
+  /// told `cause`, as abort() tells them), and the call fails with `cause`. Thread-safe.
+  void request_abort(const Error& cause) noexcept;
   /// Tells every peer why this rank gives up (an abort frame with `cause`'s kind and detail, best
   /// effort, at most 200 ms), then poison(cause). Peers waiting on this rank fail with
   /// ErrorKind::peer_aborted and "rank N aborted: <detail> (its error: <cause's kind>)". Same thread
@@ -658,6 +697,23 @@ public:
   void abort(const Error& cause) noexcept;
   /// Closes every socket now; later calls fail with invalid_argument. The destructor does the same.
   void close() noexcept;
+
+  /// Tells every peer that this rank is leaving the job (before a final barrier, say), with
+  /// `note` on where it stands ("after 5 collective calls"): a peer still waiting for this rank's
+  /// part of something else learns at once that it will not come (leaving_note(), and recv_from
+  /// fails). Best effort, at most 200 ms. Same thread as the other calls.
+  void announce_leaving(std::string_view note) noexcept;
+  /// The note `peer` sent with announce_leaving(), once a wait or check_peers() has read it
+  /// (control characters escaped, at most 200 characters); nullopt until then.
+  std::optional<std::string> leaving_note(int peer) const;
+  /// The error kind the last abort frame this rank received claimed (forwarded as the rank where
+  /// it started sent it), or ErrorKind{} when none came. A claim, not this rank's condition: the
+  /// collectives layer reports a claimed call_mismatch as its own (the ranks made different calls).
+  ErrorKind abort_claim() const noexcept {
+    return s_ && s_->abort_claim >= 1 && s_->abort_claim <= static_cast<std::uint8_t>(last_error_kind)
+               ? static_cast<ErrorKind>(s_->abort_claim)
+               : ErrorKind{};
+  }
 
 private:
   SideChannelDeadline default_deadline() const noexcept {
@@ -1113,7 +1169,19 @@ inline Result<void> SideChannel::check_peer(int peer) noexcept try {
   return fail(Error::from_errno(Step::side_channel, ENOMEM).with_detail("check_peers: out of memory"));
 }
 
+inline void SideChannel::request_abort(const Error& cause) noexcept {
+  if (!s_) return;
+  {
+    std::lock_guard<std::mutex> lock(s_->poison_mutex);
+    if (s_->poisoned.load(std::memory_order_acquire)) return;
+    s_->requested_cause = cause;
+  }
+  s_->abort_requested.store(true, std::memory_order_release);
+}
+
 inline Result<void> SideChannel::check_peers() noexcept {
+  if (s_ && !s_->closed)
+    if (auto cause = s_->take_requested_abort()) return fail(*cause);
   if (!s_ || s_->closed || s_->poisoned.load(std::memory_order_acquire)) return check_peer(-1);
   for (int r = 0; r < s_->opts.size; ++r)
     if (r != s_->opts.rank)
@@ -1187,6 +1255,23 @@ inline void SideChannel::abort(const Error& cause) noexcept {
     }
   }
   poison(cause);
+}
+
+inline void SideChannel::announce_leaving(std::string_view note) noexcept {
+  if (!s_ || s_->closed || s_->poisoned.load(std::memory_order_acquire)) return;
+  try {
+    const auto payload = std::as_bytes(std::span(note.data(), std::min<std::size_t>(note.size(), 400)));
+    const auto dl = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    for (auto& c : s_->conns)
+      if (c.fd.get() >= 0 && !c.tx_broken && c.lost_errno == 0 && !c.bad)
+        (void)s_->send_frame(c, detail::sc::FrameType::leaving, payload, dl, "leaving");
+  } catch (...) { // allocation failure: the peers see this rank close later instead
+  }
+}
+
+inline std::optional<std::string> SideChannel::leaving_note(int peer) const {
+  if (!s_ || peer < 0 || peer >= s_->opts.size || peer == s_->opts.rank) return std::nullopt;
+  return s_->leaving(s_->conns[static_cast<std::size_t>(peer)]);
 }
 
 inline void SideChannel::close() noexcept {

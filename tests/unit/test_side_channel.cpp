@@ -223,10 +223,10 @@ TEST_CASE("side channel: frame header round-trips, big-endian on the wire", "[si
   const auto h = sc::make_header(sc::FrameType::data, 0x0102030405060708ull, 7, payload);
   const auto wire = sc::encode_frame(h, payload);
   REQUIRE(wire.size() == sc::header_bytes + payload.size());
-  // "TBSC", version 1, type data (7), then the token most significant byte first.
+  // "TBSC", the version (2: the leaving frame), type data (7), then the token most significant byte first.
   CHECK(wire[0] == std::byte{'T'});
   CHECK(wire[3] == std::byte{'C'});
-  CHECK(wire[5] == std::byte{1});
+  CHECK(wire[5] == std::byte{2});
   CHECK(wire[7] == std::byte{7});
   CHECK(wire[8] == std::byte{1});
   CHECK(wire[15] == std::byte{8});
@@ -256,7 +256,7 @@ TEST_CASE("side channel: decode_header refuses bad headers with bad_frame naming
   SECTION("newer version") {
     h.version = sc::protocol_version + 1;
     wire = sc::encode_frame(h, payload);
-    expect = "protocol version 2";
+    expect = "protocol version 3";
   }
   SECTION("version zero") {
     h.version = 0;
@@ -881,9 +881,9 @@ TEST_CASE("side channel: a coordinator speaking a newer version or another proto
   std::string expect;
   SECTION("newer version") {
     auto h = sc::make_header(sc::FrameType::welcome, token, 0, {});
-    h.version = 2;
+    h.version = sc::protocol_version + 1;
     fake0.write(sc::encode_frame(h, {}));
-    expect = "protocol version 2";
+    expect = "protocol version 3";
   }
   SECTION("foreign magic") {
     fake0.write(bytes_of("HTTP/1.1 400 Bad Request\r\n\r\n........"));

@@ -48,23 +48,6 @@
 TBVERBS_NAMESPACE_BEGIN
 namespace collective {
 
-/// Which collective a schedule runs.
-enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
-
-/// "all_reduce", "reduce_scatter", ...
-constexpr std::string_view collective_name(Collective c) noexcept {
-  switch (c) {
-  case Collective::all_reduce: return "all_reduce";
-  case Collective::reduce_scatter: return "reduce_scatter";
-  case Collective::all_gather: return "all_gather";
-  case Collective::broadcast: return "broadcast";
-  case Collective::send: return "send";
-  case Collective::recv: return "recv";
-  case Collective::barrier: return "barrier";
-  }
-  return "?";
-}
-
 /// One call as the schedules see it.
 struct OpShape {
   Collective kind = Collective::all_reduce; ///< The collective.
@@ -148,7 +131,8 @@ struct RingSchedule {
       dst = Place::Buffer::work;
       break;
     case Collective::all_gather:
-      src = dst = Place::Buffer::output;
+      src = Place::Buffer::input; // this rank's block leaves from the input; the output is written after agreement
+      dst = Place::Buffer::output;
       break;
     default:
       src = s.in_place ? Place::Buffer::output : Place::Buffer::input;
@@ -200,8 +184,10 @@ struct RingSchedule {
     const std::size_t J = dirs.message(i, j);
     const auto [b, e] = range(d, J, true);
     if (b == e) return {};
-    const bool first = rs(J / M) && J < M; // reduce-scatter step 0 sends this rank's own input
-    return {first ? src : dst, b * es, (e - b) * es};
+    if (J >= M) return {dst, b * es, (e - b) * es};
+    // Step 0 sends this rank's own data: reduce-scatter its input, all_gather its block (the input)
+    if (shape.kind == Collective::all_gather) return {Place::Buffer::input, (b - chunk_begin(r)) * es, (e - b) * es};
+    return {rs(0) ? src : dst, b * es, (e - b) * es};
   }
   /// Where message j received on link i goes.
   Place recv_place(std::size_t i, std::size_t j) const noexcept {
@@ -235,17 +221,19 @@ struct RingSchedule {
     reduce(shape.op, shape.type, into, mine, data, e - b);
     return {};
   }
-  /// Called once before the first message of the call.
-  void start() noexcept {
+  /// Called once before the first message of the call (nothing: no user memory is written
+  /// before the ranks agreed on the call).
+  void start() noexcept {}
+  /// Called once after the last message of the call arrived: all_gather's own block into the
+  /// output (reduce_scatter's last step wrote its block already).
+  void finish() noexcept {
     if (shape.kind != Collective::all_gather) return;
-    std::byte* own = mem.output.data + chunk_begin(r) * es; // this rank's block, passed on from step 0
+    std::byte* own = mem.output.data + chunk_begin(r) * es;
     if (own != mem.input.data) std::memcpy(own, mem.input.data, (chunk_end(r) - chunk_begin(r)) * es);
   }
-  /// Called once after the last message of the call arrived (the last reduction or copy).
-  void finish() noexcept {
-    // reduce_scatter on one... (n >= 2): the last step wrote the block. A 1-step reduce_scatter
-    // (2 ranks) too: step 0 is the last.
-  }
+  /// True: arrivals are combined into (or copied to) user memory as they come (the engine holds
+  /// them until every rank agreed on the call).
+  static constexpr bool writes_early() noexcept { return true; }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const std::size_t J = dirs.message(i, j);
@@ -335,6 +323,8 @@ struct LatencySchedule {
     if (static_cast<std::size_t>(right_of) <= hops) return g + area(0, static_cast<std::size_t>(right_of - 1));
     return g + area(1, static_cast<std::size_t>(n - right_of - 1));
   }
+  /// False: the user's output is written in finish() only, from every rank's vector.
+  static constexpr bool writes_early() noexcept { return false; }
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     if (shape.kind == Collective::all_gather) {
@@ -425,6 +415,8 @@ struct MeshSchedule {
                                                                     : mem.input.data;
     std::memcpy(g + slot_of(me, me), own, bytes);
   }
+  /// False: the user's output is written in finish() only, from every rank's vector.
+  static constexpr bool writes_early() noexcept { return false; }
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     const std::byte* g = net.scratch() + net.layout().gather(0);
@@ -508,6 +500,8 @@ struct ChainSchedule {
   void start() noexcept {}
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {}
+  /// True: pieces go straight into the receivers' buffers.
+  static constexpr bool writes_early() noexcept { return true; }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const int d = sending ? dirs.sends_dir(i) : dirs.recvs_dir(i);
@@ -555,11 +549,31 @@ struct PairSchedule {
   void start() noexcept {}
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {}
+  /// False: two ranks, whose headers are the whole agreement (the wave is for collectives).
+  static constexpr bool writes_early() noexcept { return false; }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t, std::size_t j, bool) const {
     return (j >= M ? std::string("credit") : "piece " + std::to_string(j)) + " of " +
            std::string(collective_name(shape.kind)) + " with rank " + std::to_string(shape.peer);
   }
+};
+
+/// A call that moves no element (a count of 0): only the call headers travel, so the ranks still
+/// agree on it (a rank's empty all_reduce against another's broadcast is a mismatch like any).
+struct EmptySchedule {
+  /// @cond SCHEDULE_STATE
+  /// @endcond
+  std::size_t sends(std::size_t) const noexcept { return 0; }  ///< None.
+  std::size_t recvs(std::size_t) const noexcept { return 0; }  ///< None.
+  Place send_place(std::size_t, std::size_t) const noexcept { return {}; } ///< Never asked.
+  Place recv_place(std::size_t, std::size_t) const noexcept { return {}; } ///< Never asked.
+  Place peer_place(std::size_t, std::size_t) const noexcept { return {}; } ///< Never asked.
+  bool send_ready(std::size_t, std::size_t, const Progress&) const noexcept { return true; } ///< Always.
+  Result<void> received(std::size_t, std::size_t, const std::byte*) noexcept { return {}; }  ///< Nothing.
+  void start() noexcept {}  ///< Nothing.
+  void finish() noexcept {} ///< Nothing.
+  static constexpr bool writes_early() noexcept { return false; } ///< Nothing is written.
+  std::string describe(std::size_t, std::size_t, bool) const { return "credit"; } ///< Placeholders only.
 };
 
 } // namespace collective

@@ -3,29 +3,40 @@
 /// all_gather, reduce_scatter, broadcast, send, recv and barrier over typed spans, every call a
 /// `Result<void>` bounded by the options' timeout. docs/collectives.md is its guide.
 ///
+/// **Every call is checked against its peers.** Each call carries its identity (the collective,
+/// element type, op, element count, root or peer, algorithm, and its number in this rank's
+/// sequence of calls: collective/call.hpp); the ranks compare it before anything is written to a
+/// user's buffer. Ranks that made different calls fail, every one of them, with
+/// ErrorKind::call_mismatch naming both calls, and no user buffer is written.
+///
 /// **Threads.** A Communicator is used by one thread at a time: its calls run one after the other
 /// on every rank, in the same order (a call from a second thread while one runs fails with
-/// `invalid_argument` instead of corrupting the streams). abort() alone may be called from any
-/// thread at any time. Two communicators (on different devices or ports) are independent.
+/// `invalid_argument` instead of corrupting the streams). abort() may be called from any thread
+/// at any time; register_memory and a MemoryRegistration's end are safe from any thread too. Two
+/// communicators (on different devices or ports) are independent.
 ///
-/// **Failures.** A lost peer, a dead port, a timeout, a failed work completion or a wrong size
-/// comes back as an Error whose detail names this rank, the collective, the algorithm and the step
-/// (and the rank waited for). After any failure inside a collective the communicator is broken:
-/// the peers are told (they fail at once with "rank N aborted: ..."), and every later call returns
-/// the first error. Destroy it and connect a new one. A wrong argument (sizes that do not match,
-/// a root outside the job) is refused before anything is sent and breaks nothing.
+/// **Failures.** A lost peer, a dead port, a timeout, a failed work completion or a mismatched
+/// call comes back as an Error whose detail names this rank, the collective, the algorithm and the
+/// step (and the rank waited for). After any failure inside a collective the communicator is
+/// broken: the peers are told (they fail at once), and every later call returns the first error.
+/// Destroy it and connect a new one. A wrong argument (sizes that do not match, a root outside the
+/// job) is refused before anything is sent and breaks nothing.
 #pragma once
 
 #include "../side_channel.hpp"
 #include "../topology.hpp"
+#include "call.hpp"
 #include "choice.hpp"
 #include "options.hpp"
 #include "registration_cache.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 TBVERBS_NAMESPACE_BEGIN
@@ -33,20 +44,28 @@ TBVERBS_NAMESPACE_BEGIN
 class Communicator;
 
 /// A user buffer registered on every device of a Communicator until this handle goes: collectives
-/// on memory inside it send and receive in place (no copy through the scratch slots). Move-only.
-/// Must not outlive its Communicator.
+/// on memory inside it send and receive in place (no copy through the scratch slots). When the
+/// handle goes, so does the registration (after a call that uses it, if one runs on another
+/// thread): memory freed afterwards and mapped again is never mistaken for it. Keep the memory
+/// mapped while the handle lives; where the page frames can be read, memory freed under a live
+/// handle is detected and staged instead (docs/collectives.md, "Memory"). Move-only; may outlive
+/// its Communicator (it then holds nothing).
 class MemoryRegistration {
 public:
   /// Takes over `o`'s registration; `o` then holds none.
-  MemoryRegistration(MemoryRegistration&& o) noexcept : cache_(o.cache_), data_(o.data_), bytes_(o.bytes_) { o.cache_ = nullptr; }
+  MemoryRegistration(MemoryRegistration&& o) noexcept
+      : cache_(std::move(o.cache_)), entry_(o.entry_), data_(o.data_), bytes_(o.bytes_) {
+    o.entry_ = nullptr;
+  }
   /// Releases this registration, then takes over `o`'s.
   MemoryRegistration& operator=(MemoryRegistration&& o) noexcept {
     if (this != &o) {
       release();
-      cache_ = o.cache_;
+      cache_ = std::move(o.cache_);
+      entry_ = o.entry_;
       data_ = o.data_;
       bytes_ = o.bytes_;
-      o.cache_ = nullptr;
+      o.entry_ = nullptr;
     }
     return *this;
   }
@@ -58,13 +77,17 @@ public:
 
 private:
   friend class Communicator;
-  MemoryRegistration(collective::RegistrationCache* c, const std::byte* d, std::size_t n) noexcept
-      : cache_(c), data_(d), bytes_(n) {}
+  MemoryRegistration(std::weak_ptr<collective::RegistrationCache> c, collective::RegistrationCache::Entry* e,
+                     const std::byte* d, std::size_t n) noexcept
+      : cache_(std::move(c)), entry_(e), data_(d), bytes_(n) {}
   void release() noexcept {
-    if (cache_ != nullptr) cache_->unpin(data_, bytes_);
-    cache_ = nullptr;
+    if (entry_ != nullptr)
+      if (auto c = cache_.lock()) c->release_owned(entry_);
+    cache_.reset();
+    entry_ = nullptr;
   }
-  collective::RegistrationCache* cache_ = nullptr;
+  std::weak_ptr<collective::RegistrationCache> cache_;
+  collective::RegistrationCache::Entry* entry_ = nullptr;
   const std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
@@ -80,11 +103,15 @@ public:
   [[nodiscard]] static Result<Communicator> connect(const CommunicatorOptions& options);
 
   /// Takes over `o`'s connection; `o` is then empty (its calls fail with invalid_argument).
-  Communicator(Communicator&& o) noexcept = default;
+  Communicator(Communicator&& o) noexcept {
+    const std::lock_guard<std::mutex> lock(o.guard_);
+    s_ = std::move(o.s_);
+  }
   /// Leaves this communicator's job (close()), then takes over `o`'s.
   Communicator& operator=(Communicator&& o) noexcept {
     if (this != &o) {
       (void)close();
+      const std::scoped_lock lock(guard_, o.guard_);
       s_ = std::move(o.s_);
     }
     return *this;
@@ -94,12 +121,14 @@ public:
   /// close(), its error dropped.
   ~Communicator() { (void)close(); }
 
-  /// Leaves the job: every rank waits for the others (a side-channel barrier bounded by the
-  /// timeout), then the links, registrations and connections go. Without the wait, a rank that
-  /// finished its last collective and exited would look lost to a rank still completing that
-  /// collective (its last send completion, say), which would then fail. Skipped on a broken
-  /// communicator (the peers were told already). Idempotent; the destructor calls it, so call it
-  /// yourself to see its error. After it, every call fails with invalid_argument.
+  /// Leaves the job: tells the peers this rank is leaving (a peer still inside a collective fails
+  /// at once with call_mismatch instead of waiting out its timeout), waits for every rank to come
+  /// to close (a side-channel barrier bounded by the timeout), then the registrations, links and
+  /// connections go. Without the wait, a rank that finished its last collective and exited would
+  /// look lost to a rank still completing that collective (its last send completion, say), which
+  /// would then fail. Skipped on a broken communicator (the peers were told already). Idempotent;
+  /// the destructor calls it, so call it yourself to see its error. After it, every call fails
+  /// with invalid_argument.
   Result<void> close();
 
   /// This rank.
@@ -109,7 +138,7 @@ public:
 
   /// out[i] = in[i] combined over every rank with `op`; in place when in.data() == out.data().
   /// Every rank passes the same count. Errors: invalid_argument (sizes differ, or the spans
-  /// overlap without being the same); the collective's (see the top of this file).
+  /// overlap without being the same); call_mismatch; the collective's (see the top of this file).
   template <CollectiveElement T>
   [[nodiscard]] Result<void> all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
     if (in.size() != out.size()) return size_error("all_reduce", "in", in.size(), "out", out.size());
@@ -203,26 +232,38 @@ public:
   }
 
   /// Registers `memory` on every device until the returned handle goes (docs/collectives.md,
-  /// "Memory"): collectives on it then move no byte through the scratch slots. Errors: capacity
-  /// when the devices' MR budget has no room; the registration's (reg_mr) otherwise.
+  /// "Memory"): collectives on it then move no byte through the scratch slots. Safe from any
+  /// thread. Errors: capacity when the devices' MR budget has no room; the registration's
+  /// (reg_mr: EFAULT for memory that is not mapped, or not writable) otherwise.
   [[nodiscard]] Result<MemoryRegistration> register_memory(std::span<const std::byte> memory) {
-    if (auto u = usable("register_memory"); !u) return fail(u.error());
-    if (!s_->net) return MemoryRegistration(nullptr, memory.data(), memory.size());
-    collective::OpMemory::Buffer b;
-    std::string why;
-    if (!s_->cache->find(memory.data(), memory.size(), true, b, true, &why))
-      return fail(Error::make(Step::reg_mr, ErrorKind::capacity, "register_memory of " + std::to_string(memory.size()) + " bytes: " + why));
-    return MemoryRegistration(&*s_->cache, memory.data(), memory.size());
+    std::shared_ptr<collective::RegistrationCache> cache;
+    {
+      const std::lock_guard<std::mutex> lock(guard_);
+      if (!s_) return fail(Error::make(Step::reg_mr, ErrorKind::invalid_argument, "register_memory on a moved-from or closed communicator"));
+      if (s_->broken) return fail(*s_->broken);
+      cache = s_->cache;
+    }
+    if (!cache) return MemoryRegistration({}, nullptr, memory.data(), memory.size()); // one rank: nothing to register
+    auto e = cache->add_owned(memory.data(), memory.size());
+    if (!e) return fail(e.error());
+    return MemoryRegistration(cache, *e, memory.data(), memory.size());
   }
   /// Typed register_memory.
   template <CollectiveElement T> [[nodiscard]] Result<MemoryRegistration> register_memory(std::span<const T> memory) {
     return register_memory(std::as_bytes(memory));
   }
-  /// Deregisters every cached registration (Memory::registered) that overlaps the range: call it
-  /// before freeing memory a collective used, so new memory at that address is not mistaken for
-  /// it. Returns how many were dropped (memory held by a MemoryRegistration stays).
+  /// Deregisters every registration Memory::registered cached that overlaps the range and no call
+  /// uses (memory held by a MemoryRegistration stays: its handle decides). Never needed for
+  /// correctness (a cached registration is used only while its pages are provably the same, else
+  /// for one call only: docs/collectives.md, "Memory"), but it gives the memory regions back at
+  /// once. Returns how many were dropped. Safe from any thread.
   std::size_t forget_memory(const void* data, std::size_t bytes) {
-    return s_ && s_->cache ? s_->cache->forget(data, bytes) : 0;
+    std::shared_ptr<collective::RegistrationCache> cache;
+    {
+      const std::lock_guard<std::mutex> lock(guard_);
+      if (s_) cache = s_->cache;
+    }
+    return cache ? cache->forget(data, bytes) : 0;
   }
 
   /// The algorithm all_reduce runs for `bytes` per rank ("ring", "latency", "mesh").
@@ -246,6 +287,8 @@ public:
   }
   /// Registrations the cache made since connect (the steady state makes none).
   std::uint64_t registrations() const noexcept { return s_ && s_->cache ? s_->cache->registrations() : 0; }
+  /// Memory regions the communicator holds for user memory on device `port` (Network::ports order).
+  std::size_t user_regions(std::size_t port) const { return s_ && s_->cache ? s_->cache->regions(port) : 0; }
   /// The options the communicator runs with (message size and window as set up).
   const CommunicatorOptions& options() const noexcept {
     static const CommunicatorOptions none;
@@ -257,11 +300,10 @@ public:
     return s_ ? s_->broken : none;
   }
 
-  /// Breaks the communicator from any thread (a framework's watchdog): a collective running now
-  /// fails within about 20 ms with `cause`, the peers are told, later calls fail. Idempotent.
-  void abort(const Error& cause) noexcept {
-    if (s_) s_->sc.poison(cause);
-  }
+  /// Breaks the communicator from any thread at any time (a framework's watchdog): a call running
+  /// now fails within about 20 ms with `cause`, the peers are told `cause` (they fail at once with
+  /// it, as peer_aborted), later calls fail with it. Idempotent.
+  void abort(const Error& cause) noexcept;
 
 private:
   struct State {
@@ -270,12 +312,47 @@ private:
     std::optional<Library> lib;
     std::unique_ptr<collective::Network> net;
     std::optional<collective::Engine> engine;
-    std::optional<collective::RegistrationCache> cache;
-    std::optional<AlignedBuffer> work;   // reduce_scatter's partial sums (registered, pinned)
+    std::shared_ptr<collective::RegistrationCache> cache;
+    std::optional<AlignedBuffer> work;   // reduce_scatter's partial sums (the communicator's own)
     std::optional<AlignedBuffer> small;  // barrier's word
     std::optional<Error> broken;
-    detail::Atomic<int> busy{0};
+    std::atomic<int> busy{0};
+    std::uint64_t collectives = 0;       // collective calls made (the next one's number)
+    std::vector<std::uint64_t> sent, received; // send/recv calls made, per peer
     std::string where;
+    ~State() {
+      if (cache) cache->close(); // the registrations go before the devices' protection domains
+    }
+  };
+
+  // The one thread a call may run on: held for the call, refused while another holds it.
+  class Busy {
+  public:
+    explicit Busy(State& s) noexcept : s_(s), held_(s.busy.exchange(1) == 0) {}
+    ~Busy() {
+      if (held_) s_.busy.store(0);
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+    bool held() const noexcept { return held_; }
+
+  private:
+    State& s_;
+    bool held_;
+  };
+
+  // The buffers and registrations of one call, released when it ends.
+  struct CallMemory {
+    collective::OpMemory mem;
+    collective::RegistrationCache* cache = nullptr;
+    collective::RegistrationCache::Entry* pinned[2] = {nullptr, nullptr};
+    CallMemory() = default;
+    CallMemory(const CallMemory&) = delete;
+    CallMemory& operator=(const CallMemory&) = delete;
+    ~CallMemory() {
+      if (cache != nullptr)
+        for (auto* e : pinned) cache->unpin(e);
+    }
   };
 
   static Result<void> size_error(const char* what, const char* a, std::size_t x, const char* b, std::size_t y) {
@@ -283,33 +360,50 @@ private:
                             std::string(what) + ": " + a + " has " + std::to_string(x) + " elements, " + b + " " +
                                 std::to_string(y)));
   }
-  Result<void> usable(std::string_view op) const {
-    if (!s_)
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(op) + " on a moved-from or closed communicator"));
-    if (s_->broken) return fail(*s_->broken);
-    return {};
-  }
   Result<void> run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                    std::span<std::byte> out, int root_or_peer);
-  Result<void> run_on_side_channel(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out,
-                                   int peer);
+  Result<void> validate(collective::Collective kind, DType t, std::span<const std::byte> in, std::span<std::byte> out,
+                        int arg) const;
+  collective::CallIdentity identify(collective::Collective kind, DType t, ReduceOp op, std::size_t in_bytes,
+                                    std::size_t out_bytes, int arg, collective::Algorithm algo) const;
+  collective::Algorithm algorithm_of(collective::Collective kind, std::size_t in_bytes, std::size_t out_bytes) const;
+  Result<void> prepare(collective::Collective kind, collective::Algorithm algo, collective::OpShape& shape,
+                       CallMemory& cm);
+  Result<void> dispatch(collective::Algorithm algo, const collective::OpShape& shape, const collective::OpMemory& mem,
+                        const collective::CallIdentity& id);
+  Result<void> run_on_side_channel(const collective::CallIdentity& id, std::span<const std::byte> in,
+                                   std::span<std::byte> out);
   Error broke(Error e, const std::string& what);
+  static Result<std::unique_ptr<collective::Network>> make_network(State& s, const CommunicatorOptions& o,
+                                                                   const std::function<Result<void>(Error, const std::string&)>& context);
 
   Communicator() = default;
+  mutable std::mutex guard_; // guards s_ itself (abort() and register_memory against close() and moves)
   std::unique_ptr<State> s_;
 };
 
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
-/// `e` with this rank's context: "rank 1, all_reduce (...): <its detail>". A peer's abort keeps
-/// its own text first ("rank 0 aborted: ... rank 2 ... (its error: peer lost); here: rank 1,
-/// ..."): the detail holds 256 characters, and who failed first, and why, is the fact to keep
-/// when it is cut (two ranks' contexts nested in one another did not fit).
+/// `e` with this rank's context. The detail holds 255 characters, and the cause is the fact to
+/// keep, so the context is what gets cut ("rank 1, all_reduce (...) ...: <cause>"): a peer's
+/// abort keeps its own text first ("rank 0 aborted: ... (its error: ...); here: rank 1, ..."),
+/// any other error its detail whole at the end.
 inline Error in_context(Error e, const std::string& context) {
   const std::string d(e.detail.view());
-  if (e.is(ErrorKind::peer_aborted) && !d.empty()) e.with_detail(d + "; here: " + context);
-  else e.with_detail(context + (d.empty() ? "" : ": ") + d);
+  constexpr std::size_t capacity = sizeof(Error{}.detail.data) - 1;
+  if (e.is(ErrorKind::peer_aborted) && !d.empty()) {
+    e.with_detail(d + "; here: " + context);
+    return e;
+  }
+  if (d.empty()) {
+    e.with_detail(context);
+    return e;
+  }
+  const std::size_t room = capacity > d.size() + 2 ? capacity - d.size() - 2 : 0;
+  if (context.size() <= room) e.with_detail(context + ": " + d);
+  else if (room >= 8) e.with_detail(context.substr(0, room - 3) + "...: " + d);
+  else e.with_detail(d);
   return e;
 }
 
@@ -351,51 +445,17 @@ inline Result<collective::Cabling> cabling_from_topology(const Topology& topo, i
   }
   return c;
 }
-} // namespace detail
 
-inline Result<void> Communicator::close() {
-  if (!s_) return {};
-  std::unique_ptr<State> s = std::move(s_);
-  Result<void> r;
-  if (s->net && !s->broken && s->sc.valid()) {
-    r = s->sc.barrier();
-    if (!r) {
-      r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
-    }
-  }
-  return r; // the state goes here: registrations, links, devices, then the side channel
-}
-
-inline Error Communicator::broke(Error e, const std::string& what) {
-  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + what;
-  if (!s_->where.empty()) context += ", " + s_->where;
-  e = detail::in_context(std::move(e), context);
-  s_->broken = e;
-  if (s_->sc.valid()) s_->sc.abort(e); // the other ranks learn who failed, and why
+/// `e`, or, when it is another rank's abort that says the ranks made different calls,
+/// call_mismatch: this rank's error is that too (the detail quotes the rank that saw it).
+inline Error as_claimed(Error e, const SideChannel& sc) {
+  if (e.is(ErrorKind::peer_aborted) && sc.abort_claim() == ErrorKind::call_mismatch) e.kind = ErrorKind::call_mismatch;
   return e;
 }
 
-inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) {
-  auto invalid = [&](const std::string& d) { return fail(Error::make(Step::configure, ErrorKind::invalid_argument, d)); };
-  if (o.size < 1 || o.size > 64) return invalid("a communicator has 1 to 64 ranks, not " + std::to_string(o.size));
-  if (o.rank < 0 || o.rank >= o.size)
-    return invalid("rank " + std::to_string(o.rank) + " is outside the job's " + std::to_string(o.size) + " ranks");
-  if (o.message_bytes < frame_bytes || o.message_bytes % frame_bytes != 0)
-    return invalid("message_bytes must be a whole number of 4 KiB frames");
-  if (o.window < 1) return invalid("window must be at least 1");
-  if (o.timeout.count() <= 0) return invalid("timeout must be positive");
-  Communicator c;
-  c.s_ = std::make_unique<State>();
-  State& s = *c.s_;
-  s.opts = o;
-  auto context = [&](Error e, const std::string& step) {
-    e = detail::in_context(std::move(e), "rank " + std::to_string(o.rank) + ", " + step);
-    if (s.sc.valid()) s.sc.abort(e);
-    return fail(e);
-  };
-  if (o.size == 1) return c; // one rank: every collective is a local copy
-  if (o.coordinator.empty()) return invalid("no coordinator (host:port of rank 0)");
-
+/// The side channel's options from a communicator's: its rank, size, coordinator and timeout, and
+/// the job token (the options' own, or one derived from the coordinator and the launcher's job id).
+inline SideChannelOptions side_channel_options(const CommunicatorOptions& o) {
   SideChannelOptions sco;
   sco.rank = o.rank;
   sco.size = o.size;
@@ -404,23 +464,86 @@ inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) 
   sco.on_listening = o.on_listening;
   if (o.job_token != 0) {
     sco.job_token = o.job_token;
-  } else {
-    std::string job_id;
-    for (const char* var : {"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID", "TORCHELASTIC_RUN_ID"})
-      if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
-        job_id = v;
+    return sco;
+  }
+  std::string job_id;
+  for (const char* var : {"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID", "TORCHELASTIC_RUN_ID"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      job_id = v;
+      break;
+    }
+  sco.job_token = side_channel_token("tbverbs communicator " + o.coordinator + " " + job_id);
+  return sco;
+}
+} // namespace detail
+
+inline void Communicator::abort(const Error& cause) noexcept {
+  const std::lock_guard<std::mutex> lock(guard_);
+  if (!s_ || s_->broken) return;
+  // The thread that uses the side channel tells the peers: a call running on another thread at
+  // its next check (within about 20 ms), or this one now when no call runs.
+  s_->sc.request_abort(cause);
+  Busy busy(*s_);
+  if (!busy.held()) return;
+  (void)s_->sc.check_peers();
+  s_->broken = cause;
+}
+
+inline Result<void> Communicator::close() {
+  State* s = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    if (!s_) return {};
+    s = s_.get();
+  }
+  Result<void> r;
+  {
+    Busy busy(*s);
+    if (!busy.held()) { // a call runs on another thread: stop it, and wait until it has
+      s->sc.request_abort(Error::make(Step::collective, ErrorKind::invalid_argument,
+                                      "rank " + std::to_string(s->opts.rank) + " closed its communicator while a call ran on another thread"));
+      const auto until = std::chrono::steady_clock::now() + s->opts.timeout + std::chrono::seconds(1);
+      while (s->busy.load() != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (busy.held() && s->net && !s->broken && s->sc.valid()) {
+      s->sc.announce_leaving("after " + std::to_string(s->collectives) + " collective call" +
+                             (s->collectives == 1 ? "" : "s"));
+      r = s->sc.barrier();
+      if (!r) r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
+    }
+  }
+  std::unique_ptr<State> gone;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    gone = std::move(s_);
+  }
+  return r; // the state goes here: registrations, links, devices, then the side channel
+}
+
+inline Error Communicator::broke(Error e, const std::string& what) {
+  // A failure that another rank's abort explains (a peer that found a mismatch and left: its QPs
+  // gone under this rank's sends) is reported as that abort, where the failure started; its
+  // frame left before that rank's QPs went, so it is here or about to be.
+  if (!e.is(ErrorKind::peer_aborted) && !e.is(ErrorKind::call_mismatch) && s_->sc.valid())
+    for (int i = 0; i < 3; ++i) {
+      if (auto p = s_->sc.check_peers(); !p && p.error().is(ErrorKind::peer_aborted)) {
+        e = p.error();
         break;
       }
-    sco.job_token = side_channel_token("tbverbs communicator " + o.coordinator + " " + job_id);
-  }
-  auto sc = SideChannel::connect(sco);
-  if (!sc) return context(sc.error(), "the side-channel rendezvous with " + o.coordinator);
-  s.sc = std::move(*sc);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  e = detail::as_claimed(std::move(e), s_->sc);
+  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + what;
+  if (!s_->where.empty()) context += ", " + s_->where;
+  e = detail::in_context(std::move(e), context);
+  s_->broken = e;
+  if (s_->sc.valid()) s_->sc.abort(e); // the other ranks learn who failed, and why
+  return e;
+}
 
-  auto lib = Library::load(o.library);
-  if (!lib) return context(lib.error(), "loading the verbs library");
-  s.lib.emplace(*lib);
-
+inline Result<std::unique_ptr<collective::Network>>
+Communicator::make_network(State& s, const CommunicatorOptions& o,
+                           const std::function<Result<void>(Error, const std::string&)>& context) {
   collective::NetworkConfig cfg;
   cfg.rank = o.rank;
   cfg.size = o.size;
@@ -430,25 +553,28 @@ inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) 
   cfg.timeout = o.timeout;
   cfg.gid_wait = o.gid_wait;
   cfg.log = o.log;
+  auto err = [&](Error e, const std::string& step) -> Result<std::unique_ptr<collective::Network>> {
+    return fail(context(std::move(e), step).error());
+  };
   std::optional<Topology> topo;
   if (o.cabling) {
     cfg.cabling = *o.cabling;
   } else if (!o.device_file.empty()) {
     auto text = detail::read_small_file(o.device_file);
-    if (!text) return context(Error::make(Step::configure, ErrorKind::invalid_argument, "cannot read " + o.device_file), "reading the device file");
+    if (!text) return err(Error::make(Step::configure, ErrorKind::invalid_argument, "cannot read " + o.device_file), "reading the device file");
     std::string problem;
     auto cables = parse_device_file(*text, o.rank, problem);
-    if (!cables) return context(Error::make(Step::configure, ErrorKind::invalid_argument, o.device_file + ": " + problem), "reading the device file");
+    if (!cables) return err(Error::make(Step::configure, ErrorKind::invalid_argument, o.device_file + ": " + problem), "reading the device file");
     if (cables->ranks != o.size)
-      return context(Error::make(Step::configure, ErrorKind::invalid_argument,
-                                 o.device_file + " lists " + std::to_string(cables->ranks) + " ranks, the job has " + std::to_string(o.size)),
-                     "reading the device file");
+      return err(Error::make(Step::configure, ErrorKind::invalid_argument,
+                             o.device_file + " lists " + std::to_string(cables->ranks) + " ranks, the job has " + std::to_string(o.size)),
+                 "reading the device file");
     cfg.cabling.left = cables->left;
     cfg.cabling.right = cables->right;
     cfg.cabling.mesh = cables->others;
   } else {
     auto t = discover_topology(*s.lib, s.sc);
-    if (!t) return context(t.error(), "discovering the cables");
+    if (!t) return err(t.error(), "discovering the cables");
     topo.emplace(std::move(*t));
     if (o.log)
       for (const auto& p : topo->problems()) o.log("topology: " + p);
@@ -456,7 +582,7 @@ inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) 
     if (!cabling) {
       if (o.log)
         for (const auto& cab : topo->cables()) o.log("topology: cable " + topo->describe_cable(cab));
-      return context(cabling.error(), "building the ring from the discovered cables");
+      return err(cabling.error(), "building the ring from the discovered cables");
     }
     cfg.cabling = std::move(*cabling);
     if (o.log) {
@@ -475,58 +601,92 @@ inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) 
       if (auto cab = topo->cable_of(o.rank, e.device.view()))
         step += "; topology: crossed? the subnets pair " + topo->describe_cable(*cab) +
                 ", but RTR toward it timed out: give the two ends of each cable one /30 of their own";
-    return context(e, step);
+    return err(e, step);
   }
+  return net;
+}
+
+inline Result<Communicator> Communicator::connect(const CommunicatorOptions& o) {
+  auto invalid = [&](const std::string& d) { return fail(Error::make(Step::configure, ErrorKind::invalid_argument, d)); };
+  if (o.size < 1 || o.size > 64) return invalid("a communicator has 1 to 64 ranks, not " + std::to_string(o.size));
+  if (o.rank < 0 || o.rank >= o.size)
+    return invalid("rank " + std::to_string(o.rank) + " is outside the job's " + std::to_string(o.size) + " ranks");
+  if (o.message_bytes < frame_bytes || o.message_bytes % frame_bytes != 0)
+    return invalid("message_bytes must be a whole number of 4 KiB frames");
+  if (o.window < 1) return invalid("window must be at least 1");
+  if (o.timeout.count() <= 0) return invalid("timeout must be positive");
+  Communicator c;
+  c.s_ = std::make_unique<State>();
+  State& s = *c.s_;
+  s.opts = o;
+  s.sent.assign(static_cast<std::size_t>(o.size), 0);
+  s.received.assign(static_cast<std::size_t>(o.size), 0);
+  auto context = [&](Error e, const std::string& step) -> Result<void> {
+    e = detail::in_context(detail::as_claimed(std::move(e), s.sc), "rank " + std::to_string(o.rank) + ", " + step);
+    if (s.sc.valid()) s.sc.abort(e);
+    return fail(e);
+  };
+  if (o.size == 1) return c; // one rank: every collective is a local copy
+  if (o.coordinator.empty()) return invalid("no coordinator (host:port of rank 0)");
+  auto sc = SideChannel::connect(detail::side_channel_options(o));
+  if (!sc) return fail(context(sc.error(), "the side-channel rendezvous with " + o.coordinator).error());
+  s.sc = std::move(*sc);
+  auto lib = Library::load(o.library);
+  if (!lib) return fail(context(lib.error(), "loading the verbs library").error());
+  s.lib.emplace(*lib);
+  auto net = make_network(s, o, context);
+  if (!net) return fail(net.error());
   s.net = std::move(*net);
   s.engine.emplace(*s.net);
-  s.cache.emplace(*s.net);
+  s.cache = std::make_shared<collective::RegistrationCache>(*s.net);
   s.opts.message_bytes = s.net->config().message_bytes;
   s.where.clear();
   return c;
 }
 
-inline Result<void> Communicator::run_on_side_channel(collective::Collective kind, std::span<const std::byte> in,
-                                                      std::span<std::byte> out, int peer) {
-  // No cable between the two ranks: the bytes go over their TCP connection, in frames within the
-  // side channel's frame cap (64 MiB by default).
+// No cable between the two ranks: the call's identity, then the bytes, over their TCP connection,
+// in frames within the side channel's frame cap (64 MiB by default). The receiver compares the
+// identity before it copies a byte.
+inline Result<void> Communicator::run_on_side_channel(const collective::CallIdentity& id, std::span<const std::byte> in,
+                                                      std::span<std::byte> out) {
   constexpr std::size_t chunk = std::size_t{32} << 20;
-  if (kind == collective::Collective::send) {
-    for (std::size_t off = 0; off < in.size() || off == 0; off += chunk) {
+  const bool sending = id.kind == collective::Collective::send;
+  const int peer = sending ? id.to : id.from;
+  if (sending) {
+    std::array<std::byte, collective::call_header_bytes> header;
+    collective::encode(id, header);
+    if (auto r = s_->sc.send_to(peer, header); !r) return r;
+    for (std::size_t off = 0; off < in.size(); off += chunk)
       if (auto r = s_->sc.send_to(peer, in.subspan(off, std::min(chunk, in.size() - off))); !r) return r;
-      if (in.empty()) break;
-    }
     return {};
   }
-  for (std::size_t off = 0; off < out.size() || off == 0; off += chunk) {
+  auto h = s_->sc.recv_from(peer);
+  if (!h) return fail(h.error());
+  const auto theirs = collective::decode_call(*h);
+  if (!theirs || theirs->rank != peer)
+    return fail(Error::make(Step::collective, ErrorKind::bad_frame, "rank " + std::to_string(peer) + " sent no call header before its data"));
+  if (!collective::same_call(id, *theirs)) return fail(collective::mismatch_error(id, *theirs));
+  for (std::size_t off = 0; off < out.size(); off += chunk) {
     auto m = s_->sc.recv_from(peer);
     if (!m) return fail(m.error());
     const std::size_t want = std::min(chunk, out.size() - off);
     if (m->size() != want)
       return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
                               "rank " + std::to_string(peer) + " sent " + std::to_string(m->size()) + " bytes, recv expected " +
-                                  std::to_string(want) + " (the two sizes differ)"));
-    if (want > 0) std::memcpy(out.data() + off, m->data(), want);
-    if (out.empty()) break;
+                                  std::to_string(want) + " although both called the same"));
+    std::memcpy(out.data() + off, m->data(), want);
   }
   return {};
 }
 
-inline Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
-                                      std::span<std::byte> out, int arg) {
+// Arguments every rank can check alone: refused before anything is sent, breaking nothing.
+inline Result<void> Communicator::validate(collective::Collective kind, DType t, std::span<const std::byte> in,
+                                           std::span<std::byte> out, int arg) const {
   using collective::Collective;
-  const std::string_view name = collective_name(kind);
-  if (auto u = usable(name); !u) return u;
-  if (s_->busy.exchange(1) != 0)
-    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                            std::string(name) + " called while another call of this communicator runs (one thread at a time)"));
-  struct Release {
-    detail::Atomic<int>& b;
-    ~Release() { b.store(0); }
-  } release{s_->busy};
   const std::size_t es = dtype_size(t);
   const int n = size(), me = rank();
   auto invalid = [&](const std::string& d) {
-    return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(name) + ": " + d));
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(collective::collective_name(kind)) + ": " + d));
   };
   if (in.size() % es != 0 || out.size() % es != 0) return invalid("sizes are not whole elements of " + std::string(dtype_name(t)));
   const bool overlap = !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
@@ -537,170 +697,208 @@ inline Result<void> Communicator::run(collective::Collective kind, DType t, Redu
   if (kind == Collective::all_gather && overlap && in.data() != out.data() + static_cast<std::size_t>(me) * in.size())
     return invalid("in overlaps out without being this rank's block of it");
   if (kind == Collective::reduce_scatter && overlap) return invalid("in and out overlap");
+  return {};
+}
 
-  // One rank: local copies.
-  if (!s_->net) {
+// The algorithm a call runs: all_reduce, all_gather and reduce_scatter choose by their bytes per
+// rank (all_reduce as the options ask); the others have one each.
+inline collective::Algorithm Communicator::algorithm_of(collective::Collective kind, std::size_t in_bytes,
+                                                        std::size_t out_bytes) const {
+  using collective::Collective;
+  switch (kind) {
+  case Collective::all_reduce: return collective::choose(*s_->net, kind, in_bytes, s_->opts.algorithm);
+  case Collective::all_gather: return collective::choose(*s_->net, kind, in_bytes, collective::Algorithm::automatic);
+  case Collective::reduce_scatter: return collective::choose(*s_->net, kind, out_bytes, collective::Algorithm::automatic);
+  case Collective::barrier: return collective::choose(*s_->net, Collective::all_reduce, sizeof(std::int32_t), s_->opts.algorithm);
+  default: return collective::Algorithm::ring;
+  }
+}
+
+inline collective::CallIdentity Communicator::identify(collective::Collective kind, DType t, ReduceOp op,
+                                                       std::size_t in_bytes, std::size_t out_bytes, int arg,
+                                                       collective::Algorithm algo) const {
+  using collective::Collective;
+  collective::CallIdentity id;
+  id.kind = kind;
+  id.type = t;
+  id.op = kind == Collective::all_reduce || kind == Collective::reduce_scatter ? op : ReduceOp::sum;
+  id.algorithm = algo;
+  const std::size_t es = dtype_size(t);
+  id.count = kind == Collective::reduce_scatter || kind == Collective::recv || kind == Collective::broadcast ? out_bytes / es
+             : kind == Collective::barrier                                                                 ? 0
+                                                                                                           : in_bytes / es;
+  id.rank = rank();
+  id.collective_seq = s_->collectives;
+  if (kind == Collective::broadcast) id.root = arg;
+  if (kind == Collective::send) {
+    id.from = rank();
+    id.to = arg;
+    id.pair_seq = s_->sent[static_cast<std::size_t>(arg)];
+  }
+  if (kind == Collective::recv) {
+    id.from = arg;
+    id.to = rank();
+    id.pair_seq = s_->received[static_cast<std::size_t>(arg)];
+  }
+  return id;
+}
+
+// The shape a schedule sees, and the user memory it moves registered or staged. The scratch
+// algorithms (latency, mesh) copy their vectors through the gather area and need none.
+inline Result<void> Communicator::prepare(collective::Collective kind, collective::Algorithm algo,
+                                          collective::OpShape& shape, CallMemory& cm) {
+  using collective::Collective;
+  collective::OpMemory& mem = cm.mem;
+  const bool may_register = s_->opts.memory == collective::Memory::registered;
+  const bool stage_all = s_->opts.memory == collective::Memory::staged;
+  cm.cache = s_->cache.get();
+  std::size_t k = 0;
+  auto lookup = [&](collective::OpMemory::Buffer& b) {
+    if (stage_all || b.bytes == 0 || k >= 2) return;
+    cm.pinned[k++] = s_->cache->find(b.data, b.bytes, may_register, b);
+  };
+  const bool scratch_algo = algo == collective::Algorithm::latency || (algo == collective::Algorithm::mesh && kind != Collective::reduce_scatter);
+  if (!scratch_algo && kind != Collective::barrier) {
+    if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output);
+    else if (kind == Collective::send) lookup(mem.input);
+    else {
+      if (!shape.in_place && kind != Collective::reduce_scatter) lookup(mem.output);
+      lookup(mem.input);
+      if (shape.in_place) mem.output = mem.input; // the same memory, the same registration
+    }
+  }
+  if (kind == Collective::reduce_scatter && algo == collective::Algorithm::ring) {
+    // The partial sums: a work buffer as large as the input, the communicator's own, registered
+    // as a cached entry (its pages never change while it lives).
+    if (!s_->work || s_->work->size() < mem.input.bytes) {
+      if (s_->work) s_->cache->forget(s_->work->data(), s_->work->size());
+      s_->work.reset();
+      auto w = AlignedBuffer::allocate(mem.input.bytes);
+      if (!w) return fail(w.error());
+      s_->work.emplace(std::move(*w));
+    }
+    mem.work.data = s_->work->data();
+    mem.work.bytes = mem.input.bytes;
+    if (!stage_all) cm.pinned[1] = s_->cache->find(mem.work.data, mem.work.bytes, true, mem.work);
+  }
+  return {};
+}
+
+inline Result<void> Communicator::dispatch(collective::Algorithm algo, const collective::OpShape& shape,
+                                           const collective::OpMemory& mem, const collective::CallIdentity& id) {
+  using collective::Collective;
+  collective::Engine& engine = *s_->engine;
+  collective::Network& net = *s_->net;
+  if (shape.count == 0) {
+    collective::EmptySchedule plan;
+    return engine.run(plan, mem, id, s_->where);
+  }
+  switch (shape.kind) {
+  case Collective::broadcast: {
+    collective::ChainSchedule plan(net, shape);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  case Collective::send:
+  case Collective::recv: {
+    collective::PairSchedule plan(net, shape);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  default: break;
+  }
+  if (algo == collective::Algorithm::mesh) {
+    collective::MeshSchedule plan(net, shape, mem);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  if (algo == collective::Algorithm::latency) {
+    collective::LatencySchedule plan(net, shape, mem);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  collective::RingSchedule plan(net, shape, mem);
+  return engine.run(plan, mem, id, s_->where);
+}
+
+inline Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                                      std::span<std::byte> out, int arg) {
+  using collective::Collective;
+  const std::string_view name = collective::collective_name(kind);
+  if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(name) + " on a moved-from or closed communicator"));
+  Busy busy(*s_);
+  if (!busy.held())
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string(name) + " called while another call of this communicator runs (one thread at a time)"));
+  if (s_->broken) return fail(*s_->broken);
+  if (auto v = validate(kind, t, in, out, arg); !v) return v;
+  if (!s_->net) { // one rank: local copies
     if ((kind == Collective::all_reduce || kind == Collective::all_gather || kind == Collective::reduce_scatter) &&
         in.data() != out.data() && !out.empty())
       std::memmove(out.data(), in.data(), out.size());
     return {};
   }
-
   collective::Network& net = *s_->net;
+  const collective::Algorithm algo = algorithm_of(kind, in.size(), out.size());
+  const collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
+  const std::size_t per_rank = kind == Collective::reduce_scatter ? out.size() : in.size();
+  if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > net.layout().vector_bytes)
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string(name) + ": the " + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
+                                std::to_string(net.layout().vector_bytes) + " bytes per rank, not " + std::to_string(per_rank)));
+  // From here the call counts: its number is in its identity.
+  if (id.point_to_point()) ++(kind == Collective::send ? s_->sent : s_->received)[static_cast<std::size_t>(arg)];
+  else ++s_->collectives;
+  s_->where.clear();
+  auto broken = [&](Error e) {
+    const std::string what = collective::describe(id) + " (" + std::string(collective::algorithm_name(algo)) + ")";
+    return fail(broke(std::move(e), what));
+  };
+
   collective::OpShape shape;
-  shape.kind = kind;
+  shape.kind = kind == Collective::barrier ? Collective::all_reduce : kind;
   shape.type = t;
   shape.op = op;
-  collective::OpMemory mem;
+  CallMemory cm;
+  collective::OpMemory& mem = cm.mem;
   mem.input.data = const_cast<std::byte*>(in.data());
   mem.input.bytes = in.size();
   mem.output.data = out.data();
   mem.output.bytes = out.size();
-  std::size_t per_rank = 0;
+  const std::size_t es = dtype_size(t);
   switch (kind) {
-  case Collective::all_reduce:
-    shape.count = in.size() / es;
-    shape.in_place = in.data() == out.data();
-    per_rank = in.size();
-    break;
-  case Collective::all_gather:
-    shape.count = out.size() / es;
-    per_rank = in.size();
-    break;
-  case Collective::reduce_scatter:
-    shape.count = in.size() / es;
-    per_rank = out.size();
-    break;
-  case Collective::broadcast:
-    shape.count = out.size() / es;
-    shape.root = arg;
-    break;
+  case Collective::all_reduce: shape.count = in.size() / es; shape.in_place = in.data() == out.data(); break;
+  case Collective::all_gather: shape.count = out.size() / es; break;
+  case Collective::reduce_scatter: shape.count = in.size() / es; break;
+  case Collective::broadcast: shape.count = out.size() / es; shape.root = arg; break;
   case Collective::send:
-  case Collective::recv:
-    shape.count = (kind == Collective::send ? in.size() : out.size()) / es;
-    shape.peer = arg;
-    break;
+  case Collective::recv: shape.count = (kind == Collective::send ? in.size() : out.size()) / es; shape.peer = arg; break;
   case Collective::barrier: {
     if (!s_->small) {
       auto b = AlignedBuffer::allocate(2 * sizeof(std::int32_t));
-      if (!b) return fail(b.error());
+      if (!b) return broken(b.error());
       s_->small.emplace(std::move(*b));
     }
-    shape.kind = Collective::all_reduce;
     shape.count = 1;
     shape.in_place = true;
     mem.input.data = mem.output.data = s_->small->data();
     mem.input.bytes = mem.output.bytes = sizeof(std::int32_t);
-    per_rank = sizeof(std::int32_t);
     break;
   }
   }
-  if (shape.count == 0 && kind != Collective::barrier) return {}; // nothing to move, on every rank
-
-  // send/recv: the link to the peer (the right cable 0 of the sender is the left cable 0 of the
-  // receiver; a mesh link both ways), or the side channel.
   if (kind == Collective::send || kind == Collective::recv) {
-    const int peer = arg;
-    std::optional<std::size_t> link;
+    // The link to the peer (the right cable 0 of the sender is the left cable 0 of the receiver;
+    // a mesh link both ways), or the side channel.
     const bool sending = kind == Collective::send;
-    if (sending ? peer == net.right() : peer == net.left()) link = net.first(sending ? collective::Side::right : collective::Side::left);
-    else if (sending ? peer == net.left() : peer == net.right()) link = net.first(sending ? collective::Side::left : collective::Side::right);
-    else link = net.mesh_link(peer);
+    std::optional<std::size_t> link;
+    if (sending ? arg == net.right() : arg == net.left()) link = net.first(sending ? collective::Side::right : collective::Side::left);
+    else if (sending ? arg == net.left() : arg == net.right()) link = net.first(sending ? collective::Side::left : collective::Side::right);
+    else link = net.mesh_link(arg);
     if (!link) {
-      s_->where.clear();
-      if (auto r = run_on_side_channel(kind, in, out, peer); !r) return fail(broke(r.error(), std::string(name) + " over the side channel (no cable to rank " + std::to_string(peer) + ")"));
+      if (auto r = run_on_side_channel(id, in, out); !r) return broken(r.error());
       return {};
     }
     shape.link = *link;
   }
-
-  const collective::Algorithm algo = kind == Collective::all_reduce || kind == Collective::all_gather ||
-                                             kind == Collective::reduce_scatter
-                                         ? collective::choose(net, kind, per_rank, kind == Collective::all_reduce ? s_->opts.algorithm : collective::Algorithm::automatic)
-                                         : collective::Algorithm::ring;
-  if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > net.layout().vector_bytes)
-    return invalid(std::string("the ") + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
-                   std::to_string(net.layout().vector_bytes) + " bytes per rank, not " + std::to_string(per_rank));
-
-  // The user memory the algorithm sends from or receives into, registered or staged. The scratch
-  // algorithms (latency, mesh) copy their vectors through the gather area and need none.
-  const bool may_register = s_->opts.memory == collective::Memory::registered;
-  const bool stage_all = s_->opts.memory == collective::Memory::staged;
-  std::vector<const std::byte*> pinned;  // unpinned when the call ends
-  struct Unpin {
-    collective::RegistrationCache& cache;
-    const std::byte *a = nullptr, *b = nullptr;
-    std::size_t na = 0, nb = 0;
-    ~Unpin() {
-      if (a) cache.unpin(a, na);
-      if (b) cache.unpin(b, nb);
-    }
-  } unpin{*s_->cache};
-  auto lookup = [&](collective::OpMemory::Buffer& b, const std::byte* p, std::size_t bytes, int which) {
-    if (stage_all || bytes == 0) return;
-    if (s_->cache->find(p, bytes, may_register, b, true)) {
-      (which == 0 ? unpin.a : unpin.b) = p;
-      (which == 0 ? unpin.na : unpin.nb) = bytes;
-    }
-  };
-  const bool scratch_algo = algo == collective::Algorithm::latency ||
-                            (algo == collective::Algorithm::mesh && kind != Collective::reduce_scatter);
-  // (mem, not in and out: a barrier runs on its own word.)
-  if (!scratch_algo) {
-    if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
-    else if (kind == Collective::send) lookup(mem.input, mem.input.data, mem.input.bytes, 0);
-    else if (kind == Collective::all_gather) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
-    else {
-      if (!shape.in_place && kind != Collective::reduce_scatter) lookup(mem.output, mem.output.data, mem.output.bytes, 1);
-      lookup(mem.input, mem.input.data, mem.input.bytes, 0);
-      if (shape.in_place) mem.output = mem.input; // the same memory, the same registration
-    }
-  }
-  if (kind == Collective::reduce_scatter && algo == collective::Algorithm::ring) {
-    // The partial sums: a work buffer as large as the input, registered once and kept.
-    if (!s_->work || s_->work->size() < in.size()) {
-      if (s_->work) s_->cache->forget(s_->work->data(), s_->work->size());
-      s_->work.reset();
-      auto w = AlignedBuffer::allocate(in.size());
-      if (!w) return fail(w.error());
-      s_->work.emplace(std::move(*w));
-    }
-    mem.work.data = s_->work->data();
-    mem.work.bytes = in.size();
-    if (!stage_all) s_->cache->find(mem.work.data, mem.work.bytes, true, mem.work);
-  }
-
-  s_->where.clear();
-  Result<void> r;
-  switch (kind) {
-  case Collective::broadcast: {
-    collective::ChainSchedule plan(net, shape);
-    r = s_->engine->run(plan, mem, s_->where);
-    break;
-  }
-  case Collective::send:
-  case Collective::recv: {
-    collective::PairSchedule plan(net, shape);
-    r = s_->engine->run(plan, mem, s_->where);
-    break;
-  }
-  default:
-    if (algo == collective::Algorithm::mesh) {
-      collective::MeshSchedule plan(net, shape, mem);
-      r = s_->engine->run(plan, mem, s_->where);
-    } else if (algo == collective::Algorithm::latency) {
-      collective::LatencySchedule plan(net, shape, mem);
-      r = s_->engine->run(plan, mem, s_->where);
-    } else {
-      collective::RingSchedule plan(net, shape, mem);
-      r = s_->engine->run(plan, mem, s_->where);
-    }
-  }
-  if (!r) {
-    std::string what = std::string(name) + " (" + std::string(collective::algorithm_name(algo)) + ", " +
-                       std::to_string(shape.count * es) + " bytes of " + std::string(dtype_name(t)) + ")";
-    return fail(broke(r.error(), what));
-  }
+  if (shape.count > 0)
+    if (auto p = prepare(kind, algo, shape, cm); !p) return broken(p.error());
+  if (auto r = dispatch(algo, shape, mem, id); !r) return broken(r.error());
   return {};
 }
 

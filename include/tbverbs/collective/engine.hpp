@@ -1,43 +1,63 @@
 /// @file collective/engine.hpp
-/// `collective::Engine`: the one progress loop every collective runs on. A schedule
-/// (collective/algorithms.hpp) says, per link, how many messages go each way and, per message,
-/// where its bytes are, where they go and when a send may start; the engine posts the receives
-/// ahead as credits, posts the sends when the credits and the data allow, polls, hands each
-/// arrival to the schedule, and bounds every wait.
+/// `collective::Engine`: the one progress loop every call of the collectives layer runs on. A
+/// schedule (collective/algorithms.hpp) says, per link, how many messages go each way and, per
+/// message, where its bytes are, where they go and when a send may start; the engine checks that
+/// every rank made the same call, posts the receives ahead as credits, posts the sends when the
+/// credits and the data allow, polls, hands each arrival to the schedule, and bounds every wait.
+///
+/// ## Wires
+/// Every link a call uses carries the same number of messages ("wires") each way, numbered from 0:
+/// - wire 0, the **call header**: the call's identity (collective/call.hpp, 64 bytes, one frame);
+/// - wire 1, the **head**: the schedule's message 0, or, when its frame count differs from the
+///   guess the head receive was posted with, a dummy of the guessed frames (message 0 follows);
+/// - on the two ring links of cable 0, the **agreement wave** (see below), a 4-byte wire per hop;
+/// - the schedule's messages 1, 2, ...; where one way has fewer, 4-byte placeholders pad it.
+/// The header and head receives of the next call are posted as soon as this call's last receive
+/// is, so a call starts without any exchange: both go out at once, and a peer that finished first
+/// may send them early (they wait, counted, for the next call).
+///
+/// ## Agreement before any user write
+/// A rank compares each peer's header with its own call before it uses a byte of that link: ranks
+/// that made different calls fail with ErrorKind::call_mismatch naming both calls. No user buffer
+/// is written before the call has *agreed*: every header this rank received matches, and, for the
+/// schedules that write user memory as data arrives (`writes_early()`: the ring and the broadcast
+/// chain) on 4 ranks or more, the agreement wave went round: a rank sends wave wire 1 toward one
+/// neighbour once it verified the other neighbour's header, and wave wire k once wave wire k - 1
+/// arrived from the other side, so wave wire k from the left proves ranks r-1 ... r-1-k made this
+/// call; (n-2)/2 wires each way cover the ring. With 2 or 3 ranks every rank is a neighbour and
+/// the headers suffice; the latency and mesh algorithms write user memory only when every rank's
+/// vector is in (each forwarded only after its link's header matched). Until then, arrivals wait
+/// in their slots and receives are posted into slots, never into user memory.
 ///
 /// ## Credits, in band
 /// No send may meet an empty receive queue: on Apple's driver that stops the direction for good
 /// under one reading of the field reports (docs/field-reports.md row 17) and is held by
-/// credit-based flow control under another; on RC it is an RNR error. Every link is therefore a
-/// pair of message streams of equal length per collective, and:
-/// - before sending its message w of a collective, a rank has posted its receives for the peer's
-///   messages up to w + window (so the peer's message w proves that);
-/// - a rank sends its message w >= 1 only after receiving the peer's message w - window (and at
-///   least its message 0);
-/// - message 0 of every collective (the "head") is received into one of two head slots by a
-///   receive posted during the previous collective (or at set-up), before the rank's last message
-///   of it; so a collective starts without any exchange.
-/// Where a schedule moves more messages one way than the other (broadcast, send/recv), the engine
-/// pads the other way with 4-byte placeholders: they are the credits. The side channel is used at
-/// set-up and on failure only.
+/// credit-based flow control under another; on RC it is an RNR error. So:
+/// - before sending wire w, a rank has posted its receives for the peer's wires up to w + window;
+/// - a rank sends wire w >= 2 only after the peer's header matched and the peer's wire
+///   w - window arrived (which proves the peer's receives for it);
+/// - message j (j >= 1) of a link lands in receive slot j mod slots, and its receive is posted only
+///   once message j - slots there was consumed.
 ///
 /// Apple's driver pairs a send with a receive of the same number of 4 KiB frames (TN3205), so the
 /// head receive must be posted with the frame count of a message nobody has chosen yet: both ends
-/// guess the first message of the previous collective on the link (the common case: a backend
-/// repeats the same call). When either way's first message differs from the guess, both ends
-/// first exchange a dummy head of the guessed size, and the collective's messages follow it.
+/// guess the first message of the previous call on the link (the common case: a backend repeats
+/// the same call); when either way's first message differs, both ends first exchange a dummy head
+/// of the guessed size. The header always spans one frame, so ranks that made different calls
+/// always read each other's header: the mismatch is named, never a frame-count error.
 ///
 /// ## Where messages land
-/// A receive goes straight to its place when that place is registered on the link's device (the
-/// scratch memory always is; user memory when the registration cache has it); otherwise it lands
-/// in one of the link's receive slots and is copied to its place on arrival, as does a message
-/// that arrived in a head slot. A send from user memory that is not registered is first copied
-/// into one of the link's send slots (staged memory). With RDMA WRITE the sender writes into the
-/// peer's scratch memory at the place the peer's receive would have used (its gather area, or its
-/// receive slot for the message: user memory is never written remotely), and a zero-length
-/// receive is the credit, completed with the message number as the immediate.
+/// A receive goes straight to its place when that place is registered on the link's device and
+/// the call has agreed (the scratch memory always is); otherwise it lands in a receive slot and is
+/// copied to its place when delivered, as does a message in a head slot. A send from user memory
+/// that is not registered is first copied into one of the link's send slots (staged memory). With
+/// RDMA WRITE the sender writes into the peer's scratch memory at the place the peer's receive
+/// would have used (its gather area, receive slot, head or header slot: user memory is never
+/// written remotely), and a zero-length receive is the credit, completed with the wire number as
+/// the immediate.
 #pragma once
 
+#include "call.hpp"
 #include "network.hpp"
 
 #include <cstring>
@@ -70,10 +90,10 @@ struct OpMemory {
   };
   Buffer input;  ///< The call's input (empty for recv and barrier).
   Buffer output; ///< The call's output (the input again when in place).
-  Buffer work;   ///< reduce_scatter's partial sums.
+  Buffer work;   ///< reduce_scatter's partial sums (the communicator's own memory).
 };
 
-/// Per link, what the engine has delivered to the schedule and completed, for send_ready().
+/// Per link, what the engine has delivered to the schedule, for send_ready().
 struct Progress {
   std::span<const std::size_t> received; ///< Per link: the peer's messages delivered (received()).
 };
@@ -81,61 +101,77 @@ struct Progress {
 /// The progress loop (see the top of this file). One per communicator; not thread-safe.
 class Engine {
 public:
-  /// Drives `net`'s links; keeps per-link state sized once, so a collective allocates nothing.
+  /// Drives `net`'s links; keeps per-link state sized once, so a call allocates nothing.
   explicit Engine(Network& net)
       : net_(net), ops_(net.links().size()), delivered_(net.links().size()), sleepers_(net.links().size()) {
     for (std::size_t i = 0; i < net.links().size(); ++i) sleepers_[i] = &net.links()[i];
   }
 
-  /// Runs one collective: `plan` provides, per link i, `sends(i)`, `recvs(i)`, `send_place(i, j)`,
-  /// `recv_place(i, j)`, `send_ready(i, j, progress)`, `received(i, j, data)`, `peer_place(i, j)`
-  /// (RDMA WRITE: where the peer wants message j), `start()`, `finish()` and
-  /// `describe(i, j, sending)` (for errors). Every rank of the links runs the same collective.
-  /// Errors: the links' (a failed work completion or post), the side channel's (a lost or aborting
-  /// peer), `timeout` after the configuration's timeout without progress, `result_mismatch` for a
-  /// message of the wrong length (ranks that called different collectives or sizes),
-  /// `port_not_active` when a device reports a failure event (a port down, a QP or CQ error, the
-  /// device lost: Context::wait_async_event); `where` then names the step and the rank waited for.
+  /// Runs one call, `call` being this rank's identity of it: `plan` provides, per link i,
+  /// `sends(i)`, `recvs(i)`, `send_place(i, j)`, `recv_place(i, j)`, `send_ready(i, j, progress)`,
+  /// `received(i, j, data)`, `peer_place(i, j)` (RDMA WRITE: where the peer wants message j),
+  /// `start()`, `finish()`, `writes_early()` and `describe(i, j, sending)` (for errors). Every rank
+  /// of the links runs the same call. Errors: `call_mismatch` when a peer made another call (a
+  /// header that differs, or one on a link this call does not use where the peer's call does);
+  /// the links' (a failed work completion or post), the side channel's (a lost or aborting peer),
+  /// `timeout` after the configuration's timeout without progress, `port_not_active` when a device
+  /// reports a failure event (a port down, a QP or CQ error, the device lost:
+  /// Context::wait_async_event); `where` then names the step and the rank waited for.
   template <class Schedule>
-  [[nodiscard]] Result<void> run(Schedule& plan, const OpMemory& mem, std::string& where);
+  [[nodiscard]] Result<void> run(Schedule& plan, const OpMemory& mem, const CallIdentity& call, std::string& where);
 
 private:
-  // A device's failure event since the last look (a port down, a QP or CQ error, the device
-  // gone), as an error naming the device and port; success when there is none or the library
-  // has no async events. Checked with the peers' liveness (every 20 ms of a wait): a pulled cable
-  // ends the collective at once, naming the port, instead of after the no-progress timeout.
-  Result<void> dead_port() {
-    for (const auto& p : net_.ports()) {
-      if (!p->context) continue;
-      for (;;) {
-        auto ev = p->context->wait_async_event(std::chrono::steady_clock::time_point{}); // look, never wait
-        if (!ev) break; // nothing pending, or no async events from this library
-        if (!ev->is_failure()) continue;
-        return fail(Error::make(Step::collective, ErrorKind::port_not_active,
-                                ev->describe() + (ev->type() == AsyncEventType::port_error
-                                                      ? " (the port left ACTIVE: a cable pulled, or the other end down)"
-                                                      : " (reported by the device: its links cannot go on)"))
-                        .on(p->name, ev->port())
-                        .from(p->context->platform()));
-      }
-    }
-    return {};
-  }
-
-  // One link's part of one collective: its message counts and wire counters. Wire w is message
-  // w - dummy of the schedule (wire 0 is the dummy head when there is one); wires beyond a side's
-  // messages are placeholders.
-  struct LinkOp {
-    std::size_t sends = 0, recvs = 0;  // the schedule's messages each way
-    std::size_t wires = 0;             // wires each way (equal: placeholders pad the shorter way)
-    bool dummy = false;
-    std::size_t sent = 0, send_done = 0, posted = 0, received = 0;
-    bool next_head = false;            // the next collective's head receive is posted
-    std::uint32_t first_out = 1, first_in = 1;  // frames of this collective's first message each way
+  // What wire w of a link is in this call (see "Wires").
+  enum class Role : std::uint8_t { header, dummy, message, wave };
+  struct Wire {
+    Role role;
+    std::size_t index; // message j, or wave hop k (from 1)
   };
 
+  // One link's part of one call.
+  struct LinkOp {
+    bool part = false;                 // the call uses this link
+    std::size_t sends = 0, recvs = 0;  // the schedule's messages each way
+    std::size_t messages = 0;          // max(sends, recvs, 1): message 0 always travels
+    bool dummy = false;                // a dummy head goes first
+    std::size_t wave = 0;              // agreement-wave wires
+    std::size_t wires = 0;             // wires each way
+    std::size_t sent = 0, send_done = 0, posted = 0, received = 0, consumed = 0;
+    std::size_t messages_consumed = 0; // messages (of `messages`) consumed: frees their receive slots
+    std::size_t direct_from = SIZE_MAX;// wires posted from here on may land in user memory
+    bool header_ok = false;            // the peer's header matched
+    bool next_posted = false;          // the next call's header and head receives are posted
+    std::uint32_t first_out = 1, first_in = 1; // frames of message 0 each way
+
+    // The wire of message 0: after the header and the head (and, with the agreement wave, the
+    // wave: the head is then a dummy, so that no message waits in line for the wave).
+    std::size_t m0() const noexcept { return wave > 0 ? 2 + wave : dummy ? 2 : 1; }
+    Wire wire(std::size_t w) const noexcept {
+      if (w == 0) return {Role::header, 0};
+      if (w >= m0()) return {Role::message, w - m0()};
+      if (w >= 2) return {Role::wave, w - 1};
+      return {Role::dummy, 0};
+    }
+    // Wave wires that have arrived (wires 2 .. 1 + wave).
+    std::size_t wave_received() const noexcept { return wave > 0 && received > 2 ? std::min(received - 2, wave) : 0; }
+    bool done() const noexcept {
+      return !part || (received == wires && consumed == wires && send_done == wires && next_posted);
+    }
+  };
+
+  // wr_id of a receive: bits 62-63 its kind, bit 61 the parity of a header or head receive, the
+  // low 32 bits the wire of a data receive. Send ids: bit 40 set, the wire below.
+  static constexpr std::uint64_t kind_header = std::uint64_t{1} << 62, kind_head = std::uint64_t{2} << 62,
+                                 parity_bit = std::uint64_t{1} << 61, send_bit = std::uint64_t{1} << 40;
   static constexpr std::size_t placeholder_bytes = 4;
   static std::uint32_t frames(std::size_t len) noexcept { return frames_of(len == 0 ? placeholder_bytes : len); }
+
+  template <class Schedule> class Pass;
+
+  // A device's failure event since the last look (a port down, a QP or CQ error, the device
+  // gone), as an error naming the device and port; success when there is none or the library
+  // has no async events.
+  Result<void> dead_port();
 
   Network& net_;
   std::vector<LinkOp> ops_;
@@ -145,333 +181,114 @@ private:
 
 // ---------------------------------------------------------------------------------------------
 
-template <class Schedule>
-inline Result<void> Engine::run(Schedule& plan, const OpMemory& mem, std::string& where) {
+inline Result<void> Engine::dead_port() {
+  for (const auto& p : net_.ports()) {
+    if (!p->context) continue;
+    for (;;) {
+      auto ev = p->context->wait_async_event(std::chrono::steady_clock::time_point{}); // look, never wait
+      if (!ev) break; // nothing pending, or no async events from this library
+      if (!ev->is_failure()) continue;
+      return fail(Error::make(Step::collective, ErrorKind::port_not_active,
+                              ev->describe() + (ev->type() == AsyncEventType::port_error
+                                                    ? " (the port left ACTIVE: a cable pulled, or the other end down)"
+                                                    : " (reported by the device: its links cannot go on)"))
+                      .on(p->name, ev->port())
+                      .from(p->context->platform()));
+    }
+  }
+  return {};
+}
+
+/// One call's progress (see the top of this file): the steps of Engine::run as member functions
+/// over the call's state. Made on the stack for one call; allocates nothing.
+template <class Schedule> class Engine::Pass {
+public:
+  Pass(Engine& e, Schedule& plan, const OpMemory& mem, const CallIdentity& call, std::string& where)
+      : e_(e), net_(e.net_), plan_(plan), mem_(mem), call_(call), where_(where), L_(net_.layout()),
+        write_(net_.writes()), pairing_(net_.frame_pairing()), slots_(L_.slots) {}
+
+  Result<void> run();
+
+private:
+  // ---- set-up
+  void plan_links();
+  void plan_link(std::size_t i, std::size_t wave);
+  Result<void> take_early_arrivals();
+
+  // ---- places and lengths
+  const OpMemory::Buffer* buffer_of(Place::Buffer b) const noexcept;
+  std::byte* pointer(const Place& p) const noexcept;
+  std::size_t landing(std::size_t i, std::size_t w) const;
+  std::size_t expected_len(std::size_t i, std::size_t w) const;
+
+  // ---- posting
+  Result<void> post_receives(std::size_t i, bool& progress);
+  Result<void> post_recv(std::size_t i, std::size_t w);
+  Result<void> post_next(std::size_t i);
+  Result<void> post_sends(std::size_t i, bool& progress);
+  bool may_send(std::size_t i, std::size_t w) const;
+  Result<void> post_send(std::size_t i, std::size_t w);
+  Result<abi::ibv_sge> send_sge(std::size_t i, std::size_t w, std::size_t& peer_at);
+
+  // ---- arrivals
+  Result<void> handle(std::size_t i, std::span<const WorkCompletion> wcs);
+  Result<void> arrived(std::size_t i, std::size_t w, std::size_t bytes);
+  Result<void> check_header(std::size_t i);
+  Result<void> early_header(std::size_t i, unsigned parity);
+  Result<void> deliver(std::size_t i);
+  Result<void> deliver_message(std::size_t i, std::size_t w, std::size_t j);
+  void update_agreement();
+
+  // ---- the loop
+  Result<void> turn(bool& progress);
+  Result<void> poll_all(bool& progress);
+  Result<void> nap(bool& progress);
+  Result<void> watch();
+  Result<void> leaving_peer();
+  void end();
+  std::string describe_wait() const;
+  std::string describe_wire(std::size_t i, std::size_t w, bool sending) const;
+  Result<void> failed(Result<void> r, const std::string& where) {
+    if (!r && where_.empty()) where_ = where;
+    return r;
+  }
+
+  LinkOp& op(std::size_t i) noexcept { return e_.ops_[i]; }
+  const LinkOp& op(std::size_t i) const noexcept { return e_.ops_[i]; }
+  LinkState& state(std::size_t i) noexcept { return net_.state(i); }
+  const LinkState& state(std::size_t i) const noexcept { return net_.state(i); }
+  std::size_t links() const noexcept { return net_.links().size(); }
+
+  Engine& e_;
+  Network& net_;
+  Schedule& plan_;
+  const OpMemory& mem_;
+  const CallIdentity& call_;
+  std::string& where_;
+  const ScratchLayout& L_;
+  const bool write_, pairing_;
+  const std::size_t slots_;
+  bool agreed_ = false;
+  std::size_t cable0_[2] = {SIZE_MAX, SIZE_MAX}; // the wave's links (left, right), when it runs
+};
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::run() {
+  plan_links();
+  plan_.start();
+  if (auto r = take_early_arrivals(); !r) return r;
+  update_agreement();
   using clock = std::chrono::steady_clock;
-  const ScratchLayout& L = net_.layout();
-  const std::size_t nl = net_.links().size();
-  std::byte* const scratch = net_.scratch();
-  const bool write = net_.writes(), pairing = net_.frame_pairing();
-  const std::size_t slots = L.slots;
-
-  auto port_index = [&](std::size_t i) -> std::size_t { return net_.state(i).port_index; };
-  auto buffer_of = [&](Place::Buffer b) -> const OpMemory::Buffer* {
-    switch (b) {
-    case Place::Buffer::input: return &mem.input;
-    case Place::Buffer::output: return &mem.output;
-    case Place::Buffer::work: return &mem.work;
-    default: return nullptr;
-    }
-  };
-  auto pointer = [&](const Place& p) -> std::byte* {
-    if (p.buffer == Place::Buffer::scratch) return scratch + L.gather(0) + p.offset;
-    const auto* b = buffer_of(p.buffer);
-    return b != nullptr ? b->data + p.offset : nullptr;
-  };
-
-  // 1. Each link's message counts, whether a dummy head goes first, and its wires.
-  for (std::size_t i = 0; i < nl; ++i) {
-    LinkOp& o = ops_[i];
-    LinkState& s = net_.state(i);
-    o = LinkOp{};
-    o.sends = plan.sends(i);
-    o.recvs = plan.recvs(i);
-    const std::size_t real = std::max(o.sends, o.recvs);
-    delivered_[i] = 0;
-    if (real == 0) continue;
-    o.first_out = frames(o.sends > 0 ? plan.send_place(i, 0).length : 0);
-    o.first_in = frames(o.recvs > 0 ? plan.recv_place(i, 0).length : 0);
-    o.dummy = pairing && !write && (o.first_out != s.head_frames_out || o.first_in != s.head_frames_in);
-    o.wires = real + (o.dummy ? 1 : 0);
-    o.posted = 1; // the head, posted during the previous collective or at set-up
-  }
-
-  // Where wire w of link i lands here: a head slot, the placeholder page, the place, or a slot.
-  auto landing = [&](std::size_t i, std::size_t w, unsigned head) -> std::size_t /* scratch offset, or SIZE_MAX: place */ {
-    const LinkOp& o = ops_[i];
-    if (w == 0) return L.head_slot(i, head);
-    const std::size_t j = w - (o.dummy ? 1 : 0);
-    if (j >= o.recvs) return L.placeholder();
-    const Place p = plan.recv_place(i, j);
-    if (p.length == 0) return L.placeholder();
-    if (p.buffer == Place::Buffer::scratch) return L.gather(0) + p.offset;
-    if (p.buffer == Place::Buffer::slot || write) return L.recv_slot(i, w % slots);
-    const auto* b = buffer_of(p.buffer);
-    const std::size_t port = port_index(i);
-    return b != nullptr && b->reg[port] != nullptr ? SIZE_MAX : L.recv_slot(i, w % slots);
-  };
-  auto expected_len = [&](std::size_t i, std::size_t w) -> std::size_t {
-    const LinkOp& o = ops_[i];
-    if (w == 0 && o.dummy) return SIZE_MAX; // a dummy head: any length of its frames
-    const std::size_t j = w - (o.dummy ? 1 : 0);
-    if (j >= o.recvs) return placeholder_bytes;
-    const std::size_t len = plan.recv_place(i, j).length;
-    return len == 0 ? placeholder_bytes : len;
-  };
-
-  auto post_recv = [&](std::size_t i, std::size_t w) -> Result<void> {
-    Link& l = net_.links()[i];
-    if (write) {
-      const RecvWr wr(w);
-      return l.qp().post(wr);
-    }
-    const std::size_t at = landing(i, w, 0);
-    const std::size_t len = expected_len(i, w);
-    const MemoryRegionSet& scr = *net_.state(i).port->scratch;
-    if (at != SIZE_MAX) {
-      auto sge = scr.sge(at, len);
-      if (!sge) return fail(sge.error());
-      return l.qp().recv(w, *sge);
-    }
-    const std::size_t j = w - (ops_[i].dummy ? 1 : 0);
-    const Place p = plan.recv_place(i, j);
-    const auto* b = buffer_of(p.buffer);
-    const std::size_t port = port_index(i);
-    auto sge = b->reg[port]->sge(b->offset[port] + p.offset, p.length);
-    if (!sge) return fail(sge.error());
-    return l.qp().recv(w, *sge);
-  };
-  auto post_next_head = [&](std::size_t i) -> Result<void> {
-    LinkState& s = net_.state(i);
-    const LinkOp& o = ops_[i];
-    const std::uint64_t id = (std::uint64_t{1} << 62) | (std::uint64_t{s.head_slot ^ 1u} << 61);
-    Link& l = net_.links()[i];
-    if (write) {
-      const RecvWr wr(id);
-      return l.qp().post(wr);
-    }
-    // The guess for the next collective: this one's first message from the peer.
-    auto sge = s.port->scratch->sge(L.head_slot(i, s.head_slot ^ 1u),
-                                    pairing ? std::size_t{o.first_in} * frame_bytes : L.slot_bytes);
-    if (!sge) return fail(sge.error());
-    return l.qp().recv(id, *sge);
-  };
-
-  auto post_send = [&](std::size_t i, std::size_t w) -> Result<void> {
-    const LinkOp& o = ops_[i];
-    LinkState& s = net_.state(i);
-    Link& l = net_.links()[i];
-    const MemoryRegionSet& scr = *s.port->scratch;
-    const std::uint64_t id = (std::uint64_t{1} << 40) | w;
-    std::optional<abi::ibv_sge> sge;
-    std::size_t peer_at = L.placeholder(); // RDMA WRITE: where in the peer's scratch
-    const std::size_t j = w - (o.dummy ? 1 : 0);
-    if (w == 0 && o.dummy) {
-      // A dummy head of the frames the peer's head receive was posted with.
-      auto e = scr.sge(L.send_slot(i, 0), std::size_t{s.head_frames_out} * frame_bytes);
-      if (!e) return fail(e.error());
-      sge = *e;
-    } else if (j >= o.sends || plan.send_place(i, j).length == 0) {
-      auto e = scr.sge(L.placeholder(), placeholder_bytes);
-      if (!e) return fail(e.error());
-      sge = *e;
-      if (w == 0) peer_at = L.head_slot(s.peer_link_index, s.head_slot);
-    } else {
-      const Place p = plan.send_place(i, j);
-      const std::size_t port = port_index(i);
-      const auto* b = buffer_of(p.buffer);
-      if (p.buffer == Place::Buffer::scratch) {
-        auto e = scr.sge(L.gather(0) + p.offset, p.length);
-        if (!e) return fail(e.error());
-        sge = *e;
-      } else if (b != nullptr && b->reg[port] != nullptr) {
-        auto e = b->reg[port]->sge(b->offset[port] + p.offset, p.length);
-        if (!e) return fail(e.error());
-        sge = *e;
-      } else { // staged: through the link's send slot for this wire
-        const std::size_t slot = L.send_slot(i, w % slots);
-        std::memcpy(scratch + slot, pointer(p), p.length);
-        auto e = scr.sge(slot, p.length);
-        if (!e) return fail(e.error());
-        sge = *e;
-      }
-      if (write) {
-        if (w == 0) {
-          peer_at = L.head_slot(s.peer_link_index, s.head_slot);
-        } else {
-          const Place q = plan.peer_place(i, j);
-          peer_at = q.buffer == Place::Buffer::scratch ? L.gather(0) + q.offset : L.recv_slot(s.peer_link_index, w % slots);
-        }
-      }
-    }
-    if (!write) return l.qp().send(id, *sge);
-    auto to = s.peer_scratch->at(peer_at, sge->length);
-    if (!to) return fail(to.error());
-    const auto wr = SendWr::rdma_write_with_imm(id, *sge, *to, static_cast<std::uint32_t>(w));
-    return l.qp().post(wr);
-  };
-
-  // An arrival on link i: wire `w`, `bytes` long (RDMA WRITE: the immediate says which).
-  auto arrived = [&](std::size_t i, std::size_t w, std::size_t bytes) -> Result<void> {
-    LinkOp& o = ops_[i];
-    LinkState& s = net_.state(i);
-    const std::size_t want = expected_len(i, w);
-    const bool dummy_head = w == 0 && o.dummy;
-    if (!write && want != SIZE_MAX && bytes != want)
-      return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
-                              "message " + std::to_string(w) + " from rank " + std::to_string(s.peer) + " carried " +
-                                  std::to_string(bytes) + " bytes, expected " + std::to_string(want) +
-                                  " (did every rank call the same collective with the same sizes?)"));
-    ++o.received;
-    ++s.messages_received;
-    if (dummy_head) return {};
-    const std::size_t j = w - (o.dummy ? 1 : 0);
-    if (j >= o.recvs) return {};
-    const Place p = plan.recv_place(i, j);
-    if (p.length == 0) {
-      ++delivered_[i];
-      return plan.received(i, j, nullptr);
-    }
-    const std::size_t at = landing(i, w, s.head_slot);
-    const std::byte* data = at == SIZE_MAX ? pointer(p) : scratch + at;
-    if (p.buffer != Place::Buffer::slot && p.buffer != Place::Buffer::none && at != SIZE_MAX) {
-      std::byte* to = pointer(p);
-      if (to != data) std::memcpy(to, data, p.length);
-      data = to;
-    }
-    ++delivered_[i];
-    return plan.received(i, j, data);
-  };
-
-  auto handle = [&](std::size_t i, std::span<const WorkCompletion> wcs) -> Result<void> {
-    LinkOp& o = ops_[i];
-    LinkState& s = net_.state(i);
-    for (const WorkCompletion& wc : wcs) {
-      if (!wc.is_recv()) {
-        ++o.send_done;
-        continue;
-      }
-      const std::uint64_t id = wc.wr_id();
-      const bool head = (id >> 62) & 1u;
-      if (head && !(o.received == 0 && o.wires > 0)) {
-        // The next collective's head, sent by a peer that finished this one first.
-        s.early_head = true;
-        s.early_bytes = wc.byte_len();
-        continue;
-      }
-      const std::size_t w = head ? 0 : static_cast<std::size_t>(write ? wc.imm() : id & 0xffffffffu);
-      if (w != o.received || (write && wc.has_imm() && !head && wc.imm() != o.received))
-        return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
-                                "messages from rank " + std::to_string(s.peer) + " out of order: got " +
-                                    std::to_string(w) + ", expected " + std::to_string(o.received)));
-      if (auto r = arrived(i, w, wc.byte_len()); !r) return r;
-    }
-    return {};
-  };
-
-  plan.start();
-  // A head that arrived during the previous collective is this one's message 0.
-  for (std::size_t i = 0; i < nl; ++i) {
-    LinkState& s = net_.state(i);
-    if (!s.early_head) continue;
-    // A link this call does not use (send/recv use one link; a broadcast piece may leave one
-    // way empty): the head is the peer's next call on it, which finished this one first (or
-    // never took part: send/recv pair per link, not job-wide). It waits for that call here.
-    if (ops_[i].wires == 0) continue;
-    s.early_head = false;
-    if (auto r = arrived(i, 0, s.early_bytes); !r) {
-      where = plan.describe(i, 0, false);
-      return r;
-    }
-  }
-
-  auto describe_wait = [&]() {
-    std::string w;
-    for (std::size_t i = 0; i < nl && w.size() < 200; ++i) {
-      const LinkOp& o = ops_[i];
-      if (o.received < o.wires)
-        w += std::string(w.empty() ? "" : ", ") + "message " + std::to_string(o.received) + "/" +
-             std::to_string(o.wires) + " from rank " + std::to_string(net_.state(i).peer) + " (" +
-             plan.describe(i, o.received > 0 ? o.received - (o.dummy ? 1 : 0) : 0, false) + ")";
-      else if (o.send_done < o.wires)
-        w += std::string(w.empty() ? "" : ", ") + "the completion of message " + std::to_string(o.send_done) +
-             " to rank " + std::to_string(net_.state(i).peer);
-    }
-    return w;
-  };
-
-  WorkCompletion wc[32];
   const auto timeout = net_.config().timeout;
   auto last_progress = clock::now(), last_check = last_progress;
   unsigned idle = 0;
   for (;;) {
-    bool progress = false, done = true;
-    // Posts first, polls after: an empty poll may nap in the provider (the emulator sleeps until
-    // its next completion is due), so what can be sent is sent before it.
-    for (std::size_t i = 0; i < nl; ++i) {
-      LinkOp& o = ops_[i];
-      if (o.wires == 0) continue;
-      const std::size_t W = net_.state(i).window;
-      Link& l = net_.links()[i];
-      // Receives: up to the slots free again (a slot is reused by wire w + slots).
-      while (o.posted < o.wires && o.posted < o.received + slots) {
-        if (auto r = post_recv(i, o.posted); !r) {
-          where = "posting the receive of message " + std::to_string(o.posted) + " from rank " +
-                  std::to_string(net_.state(i).peer) + " on link " + std::to_string(l.id());
-          return r;
-        }
-        ++o.posted;
-        progress = true;
-      }
-      if (o.posted == o.wires && !o.next_head) {
-        if (auto r = post_next_head(i); !r) {
-          where = "posting the next collective's head receive on link " + std::to_string(l.id());
-          return r;
-        }
-        o.next_head = true;
-      }
-      // Sends: the credit, our receives ahead, queue room and free send slots, and the data.
-      while (o.sent < o.wires) {
-        const std::size_t w = o.sent;
-        if (w >= 1 && (o.received == 0 || w >= o.received + W)) break;
-        if (o.posted < std::min(w + W + 1, o.wires)) break;
-        if (o.sent - o.send_done >= slots) break;
-        const std::size_t j = w - (o.dummy ? 1 : 0);
-        if (!(w == 0 && o.dummy) && j < o.sends && !plan.send_ready(i, j, Progress{delivered_})) break;
-        if (auto r = post_send(i, w); !r) {
-          where = "posting message " + std::to_string(w) + " to rank " + std::to_string(net_.state(i).peer) +
-                  " on link " + std::to_string(l.id()) + " (" + plan.describe(i, j, true) + ")";
-          return r;
-        }
-        ++o.sent;
-        ++net_.state(i).messages_sent;
-        progress = true;
-      }
-    }
-    if (idle > 16) { // nothing happened for a while: sleep on the CQs (at most 10 ms)
-      std::size_t which = 0;
-      const std::size_t n = std::min<std::size_t>(nl, 16);
-      auto got = wait_any(std::span<Link* const>(sleepers_.data(), n), wc, which, clock::now() + std::chrono::milliseconds(10));
-      if (!got) {
-        where = "waiting for " + describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(which, std::span<const WorkCompletion>(wc, *got)); !h) {
-          where = describe_wait();
-          return h;
-        }
-        progress = true;
-      }
-    }
-    for (std::size_t i = 0; i < nl; ++i) {
-      LinkOp& o = ops_[i];
-      auto got = net_.links()[i].cq().poll(wc);
-      if (!got) {
-        where = "polling the completions of link " + std::to_string(net_.links()[i].id()) + " while waiting for " +
-                describe_wait();
-        return fail(got.error());
-      }
-      if (*got > 0) {
-        if (auto h = handle(i, std::span<const WorkCompletion>(wc, *got)); !h) {
-          where = describe_wait();
-          return h;
-        }
-        progress = true;
-      }
-      done = done && o.received == o.wires && o.send_done == o.wires && (o.wires == 0 || o.next_head);
-    }
+    bool progress = false;
+    if (auto r = turn(progress); !r) return r;
+    bool done = true;
+    for (std::size_t i = 0; i < links(); ++i) done = done && op(i).done();
     if (done) break;
+    if (idle > 16)
+      if (auto r = nap(progress); !r) return r;
     const auto now = clock::now();
     if (progress) {
       last_progress = now;
@@ -481,32 +298,495 @@ inline Result<void> Engine::run(Schedule& plan, const OpMemory& mem, std::string
     }
     if (now - last_check > std::chrono::milliseconds(20)) {
       last_check = now;
-      if (auto alive = net_.channel().check_peers(); !alive) {
-        where = "waiting for " + describe_wait();
-        return fail(alive.error());
-      }
-      if (auto port = dead_port(); !port) {
-        where = "waiting for " + describe_wait();
-        return fail(port.error());
-      }
+      if (auto r = watch(); !r) return r;
     }
     if (now - last_progress > timeout) {
-      where = "waiting for " + describe_wait();
-      return fail(Error::make(Step::collective, ErrorKind::timeout,
-                              "no progress for " + std::to_string(timeout.count()) + " ms"));
+      where_ = "waiting for " + describe_wait();
+      return fail(Error::make(Step::collective, ErrorKind::timeout, "no progress for " + std::to_string(timeout.count()) + " ms"));
     }
   }
-  // The next collective's guesses: this one's first messages; its head lands in the other slot.
-  for (std::size_t i = 0; i < nl; ++i) {
-    const LinkOp& o = ops_[i];
-    if (o.wires == 0) continue;
-    LinkState& s = net_.state(i);
+  end();
+  plan_.finish();
+  return {};
+}
+
+// Which links the call uses and each one's wires. A collective uses cable 0 toward both ring
+// neighbours even where its schedule moves nothing there (their headers are what the call agrees
+// on), and every link its schedule moves messages on; send and recv only the latter.
+template <class Schedule> inline void Engine::Pass<Schedule>::plan_links() {
+  const bool collective = !call_.point_to_point();
+  const std::size_t hops = plan_.writes_early() && collective ? net_.wave_hops() : 0;
+  if (collective && net_.count(Side::left) > 0 && net_.count(Side::right) > 0) {
+    cable0_[0] = net_.first(Side::left);
+    cable0_[1] = net_.first(Side::right);
+  }
+  for (std::size_t i = 0; i < links(); ++i) {
+    e_.delivered_[i] = 0;
+    const bool ring0 = i == cable0_[0] || i == cable0_[1];
+    plan_link(i, ring0 ? hops : 0);
+    if (ring0) op(i).part = true;
+    if (!op(i).part) {
+      op(i) = LinkOp{};
+      continue;
+    }
+    op(i).wires = op(i).m0() + op(i).wave + op(i).messages;
+    // This call's header, in the link's header send frame (wire 0).
+    encode(call_, std::span<std::byte, call_header_bytes>(net_.scratch() + L_.header_send(i), call_header_bytes));
+  }
+  if (hops == 0) cable0_[0] = cable0_[1] = SIZE_MAX;
+}
+
+template <class Schedule> inline void Engine::Pass<Schedule>::plan_link(std::size_t i, std::size_t wave) {
+  LinkOp& o = op(i);
+  const LinkState& s = state(i);
+  o = LinkOp{};
+  o.sends = plan_.sends(i);
+  o.recvs = plan_.recvs(i);
+  o.part = o.sends > 0 || o.recvs > 0;
+  o.messages = std::max<std::size_t>({o.sends, o.recvs, 1});
+  o.wave = wave;
+  if (wave > 0) { // the head is a dummy; the next call's head guess one frame
+    o.dummy = true;
+  } else {
+    o.first_out = frames(o.sends > 0 ? plan_.send_place(i, 0).length : 0);
+    o.first_in = frames(o.recvs > 0 ? plan_.recv_place(i, 0).length : 0);
+    o.dummy = pairing_ && !write_ && (o.first_out != s.head_frames_out || o.first_in != s.head_frames_in);
+  }
+  o.posted = 2; // the header and the head, posted during the previous call or at set-up
+}
+
+// A header and head that a peer sent before this call began are its wires 0 and 1.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::take_early_arrivals() {
+  for (std::size_t i = 0; i < links(); ++i) {
+    LinkState& s = state(i);
+    if (!op(i).part) continue;
+    if (s.early_header) {
+      s.early_header = false;
+      if (auto r = arrived(i, 0, call_header_bytes); !r) return failed(r, describe_wire(i, 0, false));
+    }
+    if (s.early_head) {
+      s.early_head = false;
+      if (auto r = arrived(i, 1, s.early_bytes); !r) return failed(r, describe_wire(i, 1, false));
+    }
+  }
+  return {};
+}
+
+template <class Schedule>
+inline const OpMemory::Buffer* Engine::Pass<Schedule>::buffer_of(Place::Buffer b) const noexcept {
+  switch (b) {
+  case Place::Buffer::input: return &mem_.input;
+  case Place::Buffer::output: return &mem_.output;
+  case Place::Buffer::work: return &mem_.work;
+  default: return nullptr;
+  }
+}
+
+template <class Schedule> inline std::byte* Engine::Pass<Schedule>::pointer(const Place& p) const noexcept {
+  if (p.buffer == Place::Buffer::scratch) return net_.scratch() + L_.gather(0) + p.offset;
+  const auto* b = buffer_of(p.buffer);
+  return b != nullptr ? b->data + p.offset : nullptr;
+}
+
+// Where wire w of link i lands here (a scratch offset), or SIZE_MAX: straight into its place.
+template <class Schedule> inline std::size_t Engine::Pass<Schedule>::landing(std::size_t i, std::size_t w) const {
+  const LinkOp& o = op(i);
+  const LinkState& s = state(i);
+  const Wire x = o.wire(w);
+  if (x.role == Role::header) return L_.header_slot(i, s.parity);
+  if (x.role == Role::dummy || (x.role == Role::message && w == 1)) return L_.head_slot(i, s.parity);
+  if (x.role == Role::wave || x.index >= o.recvs) return L_.placeholder();
+  const Place p = plan_.recv_place(i, x.index);
+  if (p.length == 0) return L_.placeholder();
+  if (p.buffer == Place::Buffer::scratch) return L_.gather(0) + p.offset;
+  const std::size_t slot = L_.recv_slot(i, x.index % slots_);
+  if (p.buffer == Place::Buffer::slot || write_ || w < o.direct_from) return slot;
+  const auto* b = buffer_of(p.buffer);
+  return b != nullptr && b->reg[s.port_index] != nullptr ? SIZE_MAX : slot;
+}
+
+// Bytes wire w of link i must carry (SIZE_MAX: any, a dummy head).
+template <class Schedule> inline std::size_t Engine::Pass<Schedule>::expected_len(std::size_t i, std::size_t w) const {
+  const LinkOp& o = op(i);
+  const Wire x = o.wire(w);
+  if (x.role == Role::header) return call_header_bytes;
+  if (x.role == Role::dummy) return SIZE_MAX;
+  if (x.role == Role::wave || x.index >= o.recvs) return placeholder_bytes;
+  const std::size_t len = plan_.recv_place(i, x.index).length;
+  return len == 0 ? placeholder_bytes : len;
+}
+
+// Receives up to what the slots allow: message j (j >= 1) reuses the slot of message j - slots.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_receives(std::size_t i, bool& progress) {
+  LinkOp& o = op(i);
+  while (o.posted < o.wires) {
+    const Wire x = o.wire(o.posted);
+    if (x.role == Role::message && x.index >= 1 && x.index >= o.messages_consumed + slots_) break;
+    if (auto r = post_recv(i, o.posted); !r) return failed(r, "posting the receive of " + describe_wire(i, o.posted, false));
+    ++o.posted;
+    progress = true;
+  }
+  if (o.posted == o.wires && !o.next_posted) {
+    if (auto r = post_next(i); !r) return failed(r, "posting the next call's header and head receives on link " + std::to_string(net_.links()[i].id()));
+    o.next_posted = true;
+  }
+  return {};
+}
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_recv(std::size_t i, std::size_t w) {
+  Link& l = net_.links()[i];
+  if (write_) return l.qp().post(RecvWr(w));
+  const std::size_t at = landing(i, w);
+  if (at != SIZE_MAX) {
+    auto sge = state(i).port->scratch->sge(at, expected_len(i, w));
+    if (!sge) return fail(sge.error());
+    return l.qp().recv(w, *sge);
+  }
+  const Place p = plan_.recv_place(i, op(i).wire(w).index);
+  const auto* b = buffer_of(p.buffer);
+  const std::size_t port = state(i).port_index;
+  auto sge = b->reg[port]->sge(b->offset[port] + p.offset, p.length);
+  if (!sge) return fail(sge.error());
+  return l.qp().recv(w, *sge);
+}
+
+// The next call's header (one frame) and head (the frames of this call's first message from the
+// peer: the guess) receives, in the other parity's slots.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_next(std::size_t i) {
+  const LinkState& s = state(i);
+  const unsigned next = s.parity ^ 1u;
+  const std::uint64_t parity = next != 0 ? parity_bit : 0;
+  Link& l = net_.links()[i];
+  if (write_) {
+    if (auto r = l.qp().post(RecvWr(kind_header | parity)); !r) return r;
+    return l.qp().post(RecvWr(kind_head | parity));
+  }
+  const MemoryRegionSet& scr = *s.port->scratch;
+  auto hs = scr.sge(L_.header_slot(i, next), call_header_bytes);
+  if (!hs) return fail(hs.error());
+  if (auto r = l.qp().recv(kind_header | parity, *hs); !r) return r;
+  auto head = scr.sge(L_.head_slot(i, next), pairing_ ? std::size_t{op(i).first_in} * frame_bytes : L_.slot_bytes);
+  if (!head) return fail(head.error());
+  return l.qp().recv(kind_head | parity, *head);
+}
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_sends(std::size_t i, bool& progress) {
+  LinkOp& o = op(i);
+  while (o.sent < o.wires && may_send(i, o.sent)) {
+    if (auto r = post_send(i, o.sent); !r) return failed(r, "posting " + describe_wire(i, o.sent, true));
+    ++o.sent;
+    ++state(i).messages_sent;
+    progress = true;
+  }
+  return {};
+}
+
+// Wire w may go when the peer is known to have posted its receive (the credits), our receives
+// are posted ahead of it, a send slot is free, and its content is there: the wave's condition, or
+// the schedule's (send_ready).
+template <class Schedule> inline bool Engine::Pass<Schedule>::may_send(std::size_t i, std::size_t w) const {
+  const LinkOp& o = op(i);
+  const std::size_t W = state(i).window;
+  if (w >= 2 && (!o.header_ok || w >= o.received + W)) return false;
+  if (o.posted < std::min(w + W + 1, o.wires)) return false;
+  if (o.sent - o.send_done >= slots_) return false;
+  const Wire x = o.wire(w);
+  if (x.role == Role::wave) {
+    const std::size_t other = i == cable0_[0] ? cable0_[1] : cable0_[0];
+    return x.index == 1 ? op(other).header_ok : op(other).wave_received() >= x.index - 1;
+  }
+  if (x.role == Role::message && x.index < o.sends) return plan_.send_ready(i, x.index, Progress{e_.delivered_});
+  return true;
+}
+
+// The bytes of wire w and, for RDMA WRITE, where they go in the peer's scratch memory.
+template <class Schedule>
+inline Result<abi::ibv_sge> Engine::Pass<Schedule>::send_sge(std::size_t i, std::size_t w, std::size_t& peer_at) {
+  const LinkOp& o = op(i);
+  const LinkState& s = state(i);
+  const MemoryRegionSet& scr = *s.port->scratch;
+  const Wire x = o.wire(w);
+  peer_at = L_.placeholder();
+  if (x.role == Role::header) {
+    peer_at = L_.header_slot(s.peer_link_index, s.parity);
+    return scr.sge(L_.header_send(i), call_header_bytes);
+  }
+  if (x.role == Role::dummy) { // the frames the peer's head receive was posted with
+    peer_at = L_.head_slot(s.peer_link_index, s.parity);
+    const std::size_t len = !pairing_ || s.head_frames_out <= 1 ? placeholder_bytes : std::size_t{s.head_frames_out} * frame_bytes;
+    return scr.sge(len == placeholder_bytes ? L_.placeholder() : L_.send_slot(i, 0), len);
+  }
+  if (x.role == Role::wave || x.index >= o.sends || plan_.send_place(i, x.index).length == 0) {
+    if (w == 1) peer_at = L_.head_slot(s.peer_link_index, s.parity);
+    return scr.sge(L_.placeholder(), placeholder_bytes);
+  }
+  const Place p = plan_.send_place(i, x.index);
+  if (write_) {
+    const Place q = plan_.peer_place(i, x.index);
+    peer_at = w == 1 ? L_.head_slot(s.peer_link_index, s.parity)
+              : q.buffer == Place::Buffer::scratch ? L_.gather(0) + q.offset
+                                                   : L_.recv_slot(s.peer_link_index, x.index % slots_);
+  }
+  if (p.buffer == Place::Buffer::scratch) return scr.sge(L_.gather(0) + p.offset, p.length);
+  const auto* b = buffer_of(p.buffer);
+  if (b != nullptr && b->reg[s.port_index] != nullptr) return b->reg[s.port_index]->sge(b->offset[s.port_index] + p.offset, p.length);
+  const std::size_t slot = L_.send_slot(i, w % slots_); // staged: through a send slot
+  std::memcpy(net_.scratch() + slot, pointer(p), p.length);
+  return scr.sge(slot, p.length);
+}
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_send(std::size_t i, std::size_t w) {
+  std::size_t peer_at = 0;
+  auto sge = send_sge(i, w, peer_at);
+  if (!sge) return fail(sge.error());
+  Link& l = net_.links()[i];
+  const std::uint64_t id = send_bit | w;
+  if (!write_) return l.qp().send(id, *sge);
+  auto to = state(i).peer_scratch->at(peer_at, sge->length);
+  if (!to) return fail(to.error());
+  return l.qp().post(SendWr::rdma_write_with_imm(id, *sge, *to, static_cast<std::uint32_t>(w)));
+}
+
+template <class Schedule>
+inline Result<void> Engine::Pass<Schedule>::handle(std::size_t i, std::span<const WorkCompletion> wcs) {
+  LinkOp& o = op(i);
+  LinkState& s = state(i);
+  for (const WorkCompletion& wc : wcs) {
+    if (!wc.is_recv()) {
+      ++o.send_done;
+      continue;
+    }
+    const std::uint64_t id = wc.wr_id();
+    const std::uint64_t kind = id & (std::uint64_t{3} << 62);
+    if (kind != 0 && (!o.part || ((id & parity_bit) != 0) != (s.parity != 0))) {
+      // The next call's header or head, sent by a peer that finished this call first (or whose
+      // next call uses a link this one does not).
+      if (kind == kind_header) {
+        if (auto r = early_header(i, (id & parity_bit) != 0 ? 1u : 0u); !r) return r;
+        s.early_header = true;
+      } else {
+        s.early_head = true;
+        s.early_bytes = wc.byte_len();
+      }
+      continue;
+    }
+    const std::size_t w = kind == kind_header ? 0 : kind == kind_head ? 1 : static_cast<std::size_t>(write_ ? wc.imm() : id & 0xffffffffu);
+    if (w != o.received || (write_ && wc.has_imm() && kind == 0 && wc.imm() != o.received))
+      return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
+                              "messages from rank " + std::to_string(s.peer) + " out of order: got wire " +
+                                  std::to_string(w) + ", expected " + std::to_string(o.received)));
+    if (auto r = arrived(i, w, wc.byte_len()); !r) return r;
+  }
+  return {};
+}
+
+// Wire w of link i arrived with `bytes`: its length checked (a header is read and compared);
+// its content waits for deliver().
+template <class Schedule>
+inline Result<void> Engine::Pass<Schedule>::arrived(std::size_t i, std::size_t w, std::size_t bytes) {
+  LinkOp& o = op(i);
+  LinkState& s = state(i);
+  const std::size_t want = expected_len(i, w);
+  if (!write_ && want != SIZE_MAX && bytes != want) {
+    if (w == 0)
+      return fail(Error::make(Step::collective, ErrorKind::bad_frame,
+                              "rank " + std::to_string(s.peer) + " sent " + std::to_string(bytes) +
+                                  " bytes where a call header of " + std::to_string(call_header_bytes) +
+                                  " was due (a rank of another tbverbs release?)"));
+    return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
+                            describe_wire(i, w, false) + " from rank " + std::to_string(s.peer) + " carried " +
+                                std::to_string(bytes) + " bytes, expected " + std::to_string(want) +
+                                " although both ranks made the same call"));
+  }
+  ++o.received;
+  ++s.messages_received;
+  if (w == 0) return check_header(i);
+  return {};
+}
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::check_header(std::size_t i) {
+  const LinkState& s = state(i);
+  const std::byte* at = net_.scratch() + L_.header_slot(i, s.parity);
+  const auto theirs = decode_call(std::span<const std::byte>(at, call_header_bytes));
+  if (!theirs || theirs->rank != s.peer)
+    return fail(Error::make(Step::collective, ErrorKind::bad_frame,
+                            "rank " + std::to_string(s.peer) + "'s call header is unreadable (a rank of another tbverbs release?)"));
+  if (!same_call(call_, *theirs)) return fail(mismatch_error(call_, *theirs));
+  op(i).header_ok = true;
+  return {};
+}
+
+// A header for a later call (a peer that finished this one first, or whose next call uses a link
+// this one does not): during a collective, it must come from a call the peer made after this
+// collective; one made before it (or in its place) means the peer will not make this call.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::early_header(std::size_t i, unsigned parity) {
+  if (call_.point_to_point()) return {};
+  const std::byte* at = net_.scratch() + L_.header_slot(i, parity);
+  const auto theirs = decode_call(std::span<const std::byte>(at, call_header_bytes));
+  if (!theirs) return {}; // read again, and refused, when its call comes
+  if (theirs->collective_seq > call_.collective_seq) return {};
+  where_ = "rank " + std::to_string(state(i).peer) + "'s call header on link " + std::to_string(net_.links()[i].id()) +
+           ", which this call does not use";
+  return fail(mismatch_error(call_, *theirs));
+}
+
+// Hands link i's arrivals to the schedule in wire order, as far as the call's agreement allows.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::deliver(std::size_t i) {
+  LinkOp& o = op(i);
+  while (o.consumed < o.received) {
+    const std::size_t w = o.consumed;
+    const Wire x = o.wire(w);
+    if (x.role == Role::message) {
+      if (!agreed_) return {};
+      if (auto r = deliver_message(i, w, x.index); !r) return failed(r, describe_wire(i, w, false));
+      ++o.messages_consumed;
+    }
+    ++o.consumed;
+  }
+  return {};
+}
+
+template <class Schedule>
+inline Result<void> Engine::Pass<Schedule>::deliver_message(std::size_t i, std::size_t w, std::size_t j) {
+  if (j >= op(i).recvs) return {};
+  const Place p = plan_.recv_place(i, j);
+  ++e_.delivered_[i];
+  if (p.length == 0) return plan_.received(i, j, nullptr);
+  const std::size_t at = landing(i, w);
+  const std::byte* data = at == SIZE_MAX ? pointer(p) : net_.scratch() + at;
+  if (p.buffer != Place::Buffer::slot && p.buffer != Place::Buffer::none && at != SIZE_MAX) {
+    std::byte* to = pointer(p);
+    if (to != data) std::memcpy(to, data, p.length);
+    data = to;
+  }
+  return plan_.received(i, j, data);
+}
+
+// The call has agreed once every header matched and, where the wave runs, it came round both ways.
+template <class Schedule> inline void Engine::Pass<Schedule>::update_agreement() {
+  if (agreed_) return;
+  for (std::size_t i = 0; i < links(); ++i)
+    if (op(i).part && !op(i).header_ok) return;
+  if (cable0_[0] != SIZE_MAX)
+    for (std::size_t i : cable0_)
+      if (op(i).wave_received() < op(i).wave) return;
+  agreed_ = true;
+  for (std::size_t i = 0; i < links(); ++i) op(i).direct_from = op(i).posted;
+}
+
+// One turn of the loop: posts first, polls after (an empty poll may nap in the provider: the
+// emulator sleeps until its next completion is due, so what can be sent is sent before it).
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::turn(bool& progress) {
+  for (std::size_t i = 0; i < links(); ++i) {
+    if (!op(i).part) continue;
+    if (auto r = post_receives(i, progress); !r) return r;
+    if (auto r = post_sends(i, progress); !r) return r;
+  }
+  if (auto r = poll_all(progress); !r) return r;
+  update_agreement();
+  for (std::size_t i = 0; i < links(); ++i)
+    if (op(i).part)
+      if (auto r = deliver(i); !r) return r;
+  return {};
+}
+
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::poll_all(bool& progress) {
+  WorkCompletion wc[32];
+  for (std::size_t i = 0; i < links(); ++i) {
+    auto got = net_.links()[i].cq().poll(wc);
+    if (!got)
+      return failed(fail(got.error()), "polling the completions of link " + std::to_string(net_.links()[i].id()) +
+                                           " while waiting for " + describe_wait());
+    if (*got == 0) continue;
+    if (auto h = handle(i, std::span<const WorkCompletion>(wc, *got)); !h) return failed(h, "waiting for " + describe_wait());
+    progress = true;
+  }
+  return {};
+}
+
+// Nothing happened for a while: sleep on the CQs (at most 10 ms).
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::nap(bool& progress) {
+  WorkCompletion wc[32];
+  std::size_t which = 0;
+  const std::size_t n = std::min<std::size_t>(links(), 16);
+  auto got = wait_any(std::span<Link* const>(e_.sleepers_.data(), n), wc, which,
+                      std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
+  if (!got) return failed(fail(got.error()), "waiting for " + describe_wait());
+  if (*got == 0) return {};
+  if (auto h = handle(which, std::span<const WorkCompletion>(wc, *got)); !h) return failed(h, "waiting for " + describe_wait());
+  progress = true;
+  return {};
+}
+
+// Every 20 ms of a call: the peers alive and not aborting, no device failure event, no peer gone.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::watch() {
+  if (auto alive = net_.channel().check_peers(); !alive) return failed(alive, "waiting for " + describe_wait());
+  if (auto port = e_.dead_port(); !port) return failed(port, "waiting for " + describe_wait());
+  return leaving_peer();
+}
+
+// A peer that closed its communicator will not make this call: a collective needs every rank, a
+// send or recv its peer.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::leaving_peer() {
+  for (int r = 0; r < net_.size(); ++r) {
+    if (r == net_.rank() || (call_.point_to_point() && r != call_.from && r != call_.to)) continue;
+    if (auto note = net_.channel().leaving_note(r)) {
+      where_ = "waiting for " + describe_wait();
+      return fail(Error::make(Step::collective, ErrorKind::call_mismatch,
+                              "the communicator is broken: rank " + std::to_string(r) + " closed it (" + *note +
+                                  "), rank " + std::to_string(call_.rank) + " called " + describe(call_) + " as its " +
+                                  position(call_)));
+    }
+  }
+  return {};
+}
+
+// The next call's guesses: this call's first messages; its header and head land in the other parity.
+template <class Schedule> inline void Engine::Pass<Schedule>::end() {
+  for (std::size_t i = 0; i < links(); ++i) {
+    const LinkOp& o = op(i);
+    if (!o.part) continue;
+    LinkState& s = state(i);
     s.head_frames_out = o.first_out;
     s.head_frames_in = o.first_in;
-    s.head_slot ^= 1u;
+    s.parity ^= 1u;
   }
-  plan.finish();
-  return {};
+}
+
+template <class Schedule>
+inline std::string Engine::Pass<Schedule>::describe_wire(std::size_t i, std::size_t w, bool sending) const {
+  const Wire x = op(i).wire(w);
+  const std::string link = " (link " + std::to_string(net_.links()[i].id()) + ")";
+  switch (x.role) {
+  case Role::header: return "the call header" + link;
+  case Role::dummy: return "the dummy head" + link;
+  case Role::wave: return "agreement wave hop " + std::to_string(x.index) + link;
+  case Role::message: break;
+  }
+  return "message " + std::to_string(x.index) + " (" + plan_.describe(i, x.index, sending) + ")" + link;
+}
+
+template <class Schedule> inline std::string Engine::Pass<Schedule>::describe_wait() const {
+  std::string w;
+  for (std::size_t i = 0; i < links() && w.size() < 200; ++i) {
+    const LinkOp& o = op(i);
+    if (!o.part) continue;
+    const std::string peer = " from rank " + std::to_string(state(i).peer);
+    if (o.received < o.wires)
+      w += std::string(w.empty() ? "" : ", ") + describe_wire(i, o.received, false) + peer;
+    else if (o.consumed < o.wires)
+      w += std::string(w.empty() ? "" : ", ") + "the agreement of every rank before " + describe_wire(i, o.consumed, false);
+    else if (o.send_done < o.wires)
+      w += std::string(w.empty() ? "" : ", ") + "the completion of wire " + std::to_string(o.send_done) + " to rank " +
+           std::to_string(state(i).peer);
+  }
+  return w;
+}
+
+template <class Schedule>
+inline Result<void> Engine::run(Schedule& plan, const OpMemory& mem, const CallIdentity& call, std::string& where) {
+  Pass<Schedule> pass(*this, plan, mem, call, where);
+  return pass.run();
 }
 
 } // namespace collective

@@ -22,6 +22,7 @@
 #include "../side_channel.hpp"
 #include "../tbverbs.hpp"
 #include "../wire.hpp"
+#include "call.hpp"
 
 #include <unistd.h>
 
@@ -55,21 +56,6 @@ enum class Memory : std::uint8_t { automatic, registered, staged };
 /// so there SEND/RECV is used), `automatic` (the one measured faster on the emulator: SEND/RECV,
 /// docs/collective-backend.md, section 6b).
 enum class Transport : std::uint8_t { automatic, send, write };
-
-/// Which all_reduce algorithm runs (collective/algorithms.hpp): `automatic` follows the measured
-/// table of collective/choice.hpp.
-enum class Algorithm : std::uint8_t { automatic, ring, latency, mesh };
-
-/// "auto", "ring", "latency", "mesh".
-constexpr std::string_view algorithm_name(Algorithm a) noexcept {
-  switch (a) {
-  case Algorithm::automatic: return "auto";
-  case Algorithm::ring: return "ring";
-  case Algorithm::latency: return "latency";
-  case Algorithm::mesh: return "mesh";
-  }
-  return "?";
-}
 
 /// "auto", "registered", "staged": TBVERBS_MEMORY's and ring_all_sum --memory's words.
 constexpr std::string_view memory_name(Memory m) noexcept {
@@ -164,8 +150,9 @@ enum class Side : std::uint8_t { left = 0, right = 1, mesh = 2 };
 
 /// The scratch memory's layout, the same on every rank (RDMA WRITE aims at it): per link,
 /// `slots` receive slots, as many send slots (staged memory) and two head slots, each `slot_bytes`;
-/// then the gather area of the latency and mesh algorithms; then one page for placeholders (the
-/// 4-byte messages of empty pieces and credits).
+/// then the gather area of the latency and mesh algorithms; then per link three frames for the
+/// call headers (two receive slots, one to send from: collective/engine.hpp, "Wires"); then one
+/// page for placeholders (the 4-byte messages of empty pieces, credits and the agreement wave).
 struct ScratchLayout {
   std::size_t slot_bytes = 0;    ///< One message.
   std::size_t slots = 0;         ///< Receive (and send) slots per link: 2 x the link's window.
@@ -180,8 +167,12 @@ struct ScratchLayout {
   std::size_t head_slot(std::size_t i, unsigned h) const noexcept { return (i * per_link() + 2 * slots + h) * slot_bytes; }
   /// Offset of the gather area's vector v.
   std::size_t gather(std::size_t v) const noexcept { return links * per_link() * slot_bytes + v * vector_bytes; }
+  /// Offset of link i's call-header receive slot h (0 or 1): one frame.
+  std::size_t header_slot(std::size_t i, unsigned h) const noexcept { return gather(gather_vectors) + (i * 3 + h) * frame_bytes; }
+  /// Offset of link i's frame this rank's call header is sent from.
+  std::size_t header_send(std::size_t i) const noexcept { return gather(gather_vectors) + (i * 3 + 2) * frame_bytes; }
   /// Offset of the placeholder page.
-  std::size_t placeholder() const noexcept { return gather(gather_vectors); }
+  std::size_t placeholder() const noexcept { return gather(gather_vectors) + links * 3 * frame_bytes; }
   /// Bytes of the whole scratch memory.
   std::size_t bytes() const noexcept { return placeholder() + frame_bytes; }
   /// Slots of one link: receive, send and head.
@@ -202,9 +193,11 @@ struct LinkState {
   // frames (Apple pairs a send and a receive by their frame counts).
   std::uint32_t head_frames_in = 1;  ///< Frames of the next head this rank receives (see above).
   std::uint32_t head_frames_out = 1; ///< Frames of the next head this rank sends (see above).
-  unsigned head_slot = 0;        ///< Which of the link's two head slots the next head lands in.
-  bool early_head = false;       ///< The next collective's head arrived during the previous one.
-  std::uint32_t early_bytes = 0; ///< Its length.
+  /// Which of the link's two header and head slots the next call's header and head land in.
+  unsigned parity = 0;
+  bool early_header = false;     ///< The next call's header arrived during an earlier call.
+  bool early_head = false;       ///< The next call's head arrived during an earlier call.
+  std::uint32_t early_bytes = 0; ///< The head's length.
   std::uint64_t messages_sent = 0;     ///< Messages sent since set-up (traffic lines).
   std::uint64_t messages_received = 0; ///< Messages received since set-up (traffic lines).
   /// RDMA WRITE transport: where the peer's scratch is (its address, plan, rkeys on the peer's
@@ -260,6 +253,14 @@ public:
   /// The left and right neighbours' ranks.
   int left() const noexcept { return left_; }
   int right() const noexcept { return right_; } ///< See left().
+  /// The largest window whose receives stay within apple_max_posted_requests per queue on Apple:
+  /// 2 x window slots, three heads, two call headers and the agreement wave.
+  std::uint32_t apple_window_cap() const noexcept {
+    const std::uint32_t fixed = 3 + 2 + static_cast<std::uint32_t>(wave_hops());
+    return apple_max_posted_requests > fixed + 2 ? (apple_max_posted_requests - fixed) / 2 : 1;
+  }
+  /// Hops of the agreement wave (collective/engine.hpp): (size - 2) / 2 from 4 ranks on, else 0.
+  std::size_t wave_hops() const noexcept { return cfg_.size >= 4 ? static_cast<std::size_t>((cfg_.size - 2) / 2) : 0; }
   /// The configuration (message size and window after any step-down).
   const NetworkConfig& config() const noexcept { return cfg_; }
   /// True when messages travel as RDMA WRITE with immediate.
@@ -493,14 +494,19 @@ inline Result<void> Network::allocate() {
   const std::size_t k_max = std::max<std::size_t>({1, count(Side::left), count(Side::right)});
   std::uint32_t window = static_cast<std::uint32_t>((static_cast<std::size_t>(std::max(1, cfg_.window)) + k_max - 1) / k_max);
   if (frame_pairing_) {
-    const std::size_t fit = max_depth_frames / frames >= 3 ? (max_depth_frames / frames - 3) / 2 : 0;
+    // Three heads of a message each, the call headers and the wave one frame each; and the
+    // requests per queue (apple_max_posted_requests).
+    const std::size_t room = max_depth_frames - 2 - wave_hops();
+    std::size_t fit = room / frames >= 3 ? (room / frames - 3) / 2 : 0;
+    fit = std::min<std::size_t>(fit, apple_window_cap());
     if (fit < 1)
       return fail(Error::make(Step::configure, ErrorKind::capacity,
                               "messages of " + std::to_string(cfg_.message_bytes) +
                                   " bytes are too large for a window of one within 4095 frames"));
     if (window > fit) {
       say("window lowered from " + std::to_string(window) + " to " + std::to_string(fit) + " messages per link: " +
-          std::to_string(frames) + " frames each, 4095 frames per queue");
+          std::to_string(frames) + " frames each, 4095 frames and " +
+          std::to_string(apple_max_posted_requests) + " requests per queue");
       window = static_cast<std::uint32_t>(fit);
     }
   }
@@ -522,7 +528,8 @@ inline Result<void> Network::allocate() {
     shape.links = p->links;
     shape.message_bytes = layout_.slot_bytes;
     shape.window = static_cast<int>(window);
-    shape.extra_messages = 1;  // the two heads beyond JobNeeds' one
+    shape.extra_messages = 2;  // the two heads beyond JobNeeds' one, and a dummy head
+    shape.extra_control = 2 + static_cast<int>(wave_hops()); // two call headers, the agreement wave
     shape.buffers.push_back(layout_.bytes());
     auto limits = DeviceLimits::of(*p->context);
     if (!limits) return fail(limits.error());
@@ -556,10 +563,11 @@ inline Result<void> Network::allocate() {
 
 inline Result<void> Network::connect() {
   const std::uint32_t frames = frames_of(cfg_.message_bytes);
-  // Per link: the window's slots of receives, two heads, and one more message: counted in frames
-  // on Apple (at most 4095), else in work requests (at most the device's max_qp_wr; asking the
-  // frame count there too leaves room to widen the window if the messages shrink).
-  const std::uint32_t want = frames * static_cast<std::uint32_t>(layout_.slots + 2) + frames;
+  // Per link: the window's slots of receives, two heads and a dummy head, two call headers and the
+  // agreement wave: counted in frames on Apple (at most 4095), else in work requests (at most the
+  // device's max_qp_wr; asking the frame count there too leaves room to widen the window if the
+  // messages shrink).
+  const std::uint32_t want = frames * static_cast<std::uint32_t>(layout_.slots + 3) + 2 + static_cast<std::uint32_t>(wave_hops());
   auto depth_on = [&](const Port& p) {
     if (p.context->platform() == Platform::apple) return std::min(max_depth_frames, want);
     const auto wr = p.device.max_qp_wr > 0 ? static_cast<std::uint32_t>(p.device.max_qp_wr) : want;
@@ -619,6 +627,9 @@ inline Result<void> Network::agree_message_size() {
   // queue, of f frames each where the QP counts frames (Apple), one request each elsewhere.
   // Every rank computes its own (a Mac's 4095 frames, a Linux host's max_qp_wr requests) and the
   // job takes the smallest, so both ends of every link post the same window.
+  // Besides those, two call headers and the agreement wave (one frame or request each), and on
+  // Apple at most apple_max_posted_requests requests per queue, whatever the frames allow.
+  const std::uint32_t control = 2 + static_cast<std::uint32_t>(wave_hops());
   auto window_by_depth = [&](std::size_t bytes) {
     const std::uint32_t f = frames_of(std::max(frame_bytes, bytes / frame_bytes * frame_bytes));
     std::uint64_t w = std::numeric_limits<std::uint64_t>::max();
@@ -627,7 +638,8 @@ inline Result<void> Network::agree_message_size() {
       const std::uint32_t granted = std::min(caps.max_send_wr, caps.max_recv_wr);
       const bool in_frames = states_[i].port->context->platform() == Platform::apple;
       const std::uint32_t per = in_frames ? f : 1;
-      w = std::min<std::uint64_t>(w, granted > 3 * per ? (granted - 3 * per) / (2 * per) : 1);
+      w = std::min<std::uint64_t>(w, granted > 3 * per + control ? (granted - 3 * per - control) / (2 * per) : 1);
+      if (in_frames) w = std::min<std::uint64_t>(w, apple_window_cap());
     }
     return w;
   };
@@ -712,20 +724,25 @@ inline Result<void> Network::exchange_advertisements() {
   return {};
 }
 
-// Every link's first head receive (one frame, in head slot 0; a zero-length credit for RDMA WRITE),
-// then "receives posted" over the side channel: the last step of set-up, and the last time the
-// collectives use it except on a failure (and close()'s barrier).
+// Every link's first call-header and head receives (one frame each, in the slots of parity 0; two
+// zero-length credits for RDMA WRITE: collective/engine.hpp, "Wires"), then "receives posted"
+// over the side channel: the last step of set-up, and the last time the collectives use it
+// except on a failure (and close()'s barrier).
 inline Result<void> Network::prime() {
+  constexpr std::uint64_t header_id = std::uint64_t{1} << 62, head_id = std::uint64_t{2} << 62;
   for (std::size_t i = 0; i < links_.size(); ++i) {
     LinkState& s = states_[i];
     if (write_) {
-      const RecvWr wr(std::uint64_t{1} << 62);
-      if (auto r = links_[i].qp().post(wr); !r) return fail(r.error());
-    } else {
-      auto sge = s.port->scratch->sge(layout_.head_slot(i, 0), frame_pairing_ ? frame_bytes : layout_.slot_bytes);
-      if (!sge) return fail(sge.error());
-      if (auto r = links_[i].qp().recv(std::uint64_t{1} << 62, *sge); !r) return fail(r.error());
+      if (auto r = links_[i].qp().post(RecvWr(header_id)); !r) return fail(r.error());
+      if (auto r = links_[i].qp().post(RecvWr(head_id)); !r) return fail(r.error());
+      continue;
     }
+    auto header = s.port->scratch->sge(layout_.header_slot(i, 0), call_header_bytes);
+    if (!header) return fail(header.error());
+    if (auto r = links_[i].qp().recv(header_id, *header); !r) return fail(r.error());
+    auto head = s.port->scratch->sge(layout_.head_slot(i, 0), frame_pairing_ ? frame_bytes : layout_.slot_bytes);
+    if (!head) return fail(head.error());
+    if (auto r = links_[i].qp().recv(head_id, *head); !r) return fail(r.error());
   }
   return receives_posted(mailbox_, links_, 1, std::chrono::steady_clock::now() + cfg_.timeout);
 }

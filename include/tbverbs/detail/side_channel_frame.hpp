@@ -25,7 +25,7 @@ namespace sc {
 /// "TBSC": the first four bytes of every frame.
 inline constexpr std::uint32_t frame_magic = 0x54425343u;
 /// The frame layout this build speaks. Magic and version stay at bytes 0..5 in every version.
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 /// Size of the fixed frame header.
 inline constexpr std::size_t header_bytes = 32;
 
@@ -39,9 +39,10 @@ enum class FrameType : std::uint16_t {
   barrier_out, ///< Everyone reached the barrier, from rank 0.
   data,        ///< A point-to-point message.
   abort,       ///< The sender gave up: error kind, the rank where it started, and why.
+  leaving,     ///< The sender is leaving the job (closing): its words on where it stands (version 2).
 };
 /// One past the largest FrameType value.
-inline constexpr std::uint16_t frame_type_end = 9;
+inline constexpr std::uint16_t frame_type_end = 10;
 
 /// A printable name for a frame type.
 constexpr std::string_view type_name(FrameType t) noexcept {
@@ -60,6 +61,8 @@ constexpr std::string_view type_name(FrameType t) noexcept {
     return "data";
   case FrameType::abort:
     return "abort";
+  case FrameType::leaving:
+    return "leaving";
   }
   return "unknown";
 }
