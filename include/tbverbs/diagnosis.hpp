@@ -588,6 +588,14 @@ inline constexpr Diagnosis peer_aborted{
     "Read that rank's own output, which has the full error and its remedy, fix it there and restart "
     "the job; in-flight data is lost."};
 
+inline constexpr Diagnosis transition_port_down{
+    "transition-port-down",
+    "The port left ACTIVE while the queue pair was being connected (a cable pulled, the other end "
+    "rebooted or its RDMA disabled): the transition failed because the link went down, not because "
+    "of the GID or the peer's address.",
+    "Check the cable and the other host (ibv_devinfo shows PORT_ACTIVE on both ends when the link is "
+    "back), then set the connection up again."};
+
 inline constexpr Diagnosis call_mismatch{
     "call-mismatch",
     "The ranks made different calls: another collective, element type, op, element count or root, "
@@ -796,6 +804,8 @@ inline constexpr DiagnosisRule diagnosis_catalogue[] = {
 
     // Rows 11-16: the INIT -> RTR -> RTS transitions.
     // InfiniBand (section 4b): a LID of 0 means no subnet manager, whatever errno RTR gave.
+    {                                 .step = Step::modify_qp_rtr, .detail_contains = fact::port_left_active, .diagnosis = detail::diag::transition_port_down},
+    {                                 .step = Step::modify_qp_rts, .detail_contains = fact::port_left_active, .diagnosis = detail::diag::transition_port_down},
     {                                 .step = Step::modify_qp_rtr, .detail_contains = fact::infiniband_lid_zero, .diagnosis = detail::diag::no_subnet_manager},
     {                                 .step = Step::modify_qp_rtr, .sys_errno = EINVAL, .detail_contains = fact::gid_index_mismatch, .diagnosis = detail::diag::rtr_einval_wrong_index},
     {.platform = Platform::apple,     .step = Step::modify_qp_rtr, .sys_errno = EINVAL,    .diagnosis = detail::diag::rtr_no_ipv4_gid},

@@ -140,6 +140,9 @@ inline constexpr std::string_view roce_version_mismatch = "a RoCE v1 end and a R
 /// A port in PORT_INIT: the link trained but the port was never configured; on InfiniBand no
 /// subnet manager runs (Context::require_active_port writes the state this way).
 inline constexpr std::string_view port_init = "state PORT_INIT";
+/// A QP transition failed and the port is no longer ACTIVE (checked with ibv_query_port at once):
+/// the port went down under it (a cable pulled, the peer gone), whatever errno the verb gave.
+inline constexpr std::string_view port_left_active = "the port left ACTIVE";
 /// Error::detail of a call on a handle that was closed or moved from (the verb was not called).
 inline constexpr std::string_view closed_handle = "handle closed or moved from";
 /// Error::detail of a work request whose inline payload exceeds the QP's granted max_inline_data.

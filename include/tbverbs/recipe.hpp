@@ -400,6 +400,11 @@ public:
         if (sel.is_infiniband() && (sel.port_facts().lid == 0 || remote.lid == 0))
           d = std::string(fact::infiniband_lid_zero) + " (local " + std::to_string(sel.port_facts().lid) +
               ", remote " + std::to_string(remote.lid) + "); " + d;
+        // A port that left ACTIVE under the transition explains its failure (a timeout then is
+        // the port going down, not an unreachable dgid): the state now decides.
+        if (const auto state = port_state(sel.port()); state && *state != PortState::active && *state != PortState::active_defer)
+          d = std::string(fact::port_left_active) + " (port " + std::to_string(sel.port()) + " is " +
+              std::string(port_state_name(*state)) + " now); " + d;
         e.with_detail(d);
         return fail(e);
       }
@@ -436,6 +441,14 @@ public:
 private:
   friend class QpRecipe;
   friend class QueuePair;
+  // The port's state now, or nullopt when it cannot be read.
+  std::optional<PortState> port_state(int port) const noexcept {
+    if (owned_.get() == nullptr || info_ == nullptr || info_->api->query_port == nullptr) return std::nullopt;
+    abi::ibv_port_attr a;
+    std::memset(&a, 0, sizeof a);
+    if (info_->api->query_port(owned_.get()->context, static_cast<std::uint8_t>(port), &a) != 0) return std::nullopt;
+    return static_cast<PortState>(a.state);
+  }
   // RESET, then INIT again (with the recipe's hook): what a failed RTS and QueuePair::reset need.
   Result<void> reinit() noexcept {
     QpTransition reset;

@@ -416,6 +416,24 @@ TEST_CASE("core/qp: RTR toward a GID that is not at the other end of the cable f
   CHECK_THAT(m, ContainsSubstring("/30 per cable"));
 }
 
+TEST_CASE("core/qp: RTR with the port gone down under it says the port left ACTIVE, not an unreachable dgid "
+          "(issue 32 item 5)",
+          "[core][qp]") {
+  Fabric fabric(host_a(), host_b());
+  Side a = Side::open(fabric, fabric.a());
+  Side b = Side::open(fabric, fabric.b());
+  auto pa = ok(tbverbs::QpRecipe::thunderbolt(a.select()).prepare(a.pd, a.cq));
+  auto pb = ok(tbverbs::QpRecipe::thunderbolt(b.select()).prepare(b.pd, b.cq));
+  fabric.set_port_up(fabric.a(), false); // the cable pulled between set-up's steps
+  const tbverbs::Error e = err(std::move(pa).connect(pb.endpoint()));
+  fabric.set_port_up(fabric.a(), true);
+  CHECK(e.step == tbverbs::Step::modify_qp_rtr);
+  const std::string m = e.message();
+  CHECK_THAT(m, ContainsSubstring("the port left ACTIVE (port 1 is PORT_DOWN now)"));
+  REQUIRE(e.diagnosis() != nullptr);
+  CHECK(e.diagnosis()->id == "transition-port-down");
+}
+
 TEST_CASE("core/qp: a peer endpoint with a zero GID or another QP type is refused before RTR", "[core][qp]") {
   Fabric fabric(host_a(), host_b());
   Side a = Side::open(fabric, fabric.a());

@@ -441,6 +441,20 @@ TEST_CASE("RTR ETIMEDOUT: dgid unreachable on this cable; RoCEv1/link-local on L
   CHECK(id_of(Error::from_return(Step::modify_qp_rtr, ETIMEDOUT)) == "rtr-etimedout");
 }
 
+TEST_CASE("RTR or RTS failing with the port no longer ACTIVE: the port went down, not the dgid", "[diagnosis][rtr]") {
+  // issue 32 item 5: a port taken down during set-up gave "the dgid is unreachable on this cable".
+  for (Platform p : {apple, linux_rc}) {
+    Error e = Error::from_return(Step::modify_qp_rtr, ETIMEDOUT).from(p);
+    e.with_detail(std::string(tbverbs::fact::port_left_active) + " (port 1 is PORT_DOWN now); local GID ...");
+    CHECK(id_of(e) == "transition-port-down");
+    CHECK(says(e, "left ACTIVE"));
+    CHECK(e.is(ETIMEDOUT)); // the errno stays as the verb returned it
+    Error rts = Error::from_return(Step::modify_qp_rts, EINVAL).from(p);
+    rts.with_detail(std::string(tbverbs::fact::port_left_active) + " (port 1 is PORT_DOWN now)");
+    CHECK(id_of(rts) == "transition-port-down");
+  }
+}
+
 TEST_CASE("RTR ENODATA on Apple: after idle, or a stale or holey GID table", "[diagnosis][rtr]") {
   const Error mac = Error::from_return(Step::modify_qp_rtr, ENODATA).from(apple);
   CHECK(id_of(mac) == "rtr-enodata-stale-gid");

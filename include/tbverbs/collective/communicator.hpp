@@ -385,23 +385,25 @@ private:
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
-/// `e` with this rank's context. The detail holds 255 characters, and the cause is the fact to
-/// keep, so the context is what gets cut ("rank 1, all_reduce (...) ...: <cause>"): a peer's
-/// abort keeps its own text first ("rank 0 aborted: ... (its error: ...); here: rank 1, ..."),
-/// any other error its detail whole at the end.
+/// `e` with this rank's context: "rank 1, all_reduce (...), waiting for ...: <its detail>". The
+/// detail holds 255 characters. Where the detail is the whole story (two ranks' calls that
+/// differ, a peer's abort) it is kept whole and the context is what gets cut: a peer's abort
+/// keeps its own text first ("rank 0 aborted: ... (its error: ...); here: rank 1, ..."), a
+/// call_mismatch its calls at the end. Any other error keeps the context first (which rank, which
+/// step and what it waited for), cut at the end.
 inline Error in_context(Error e, const std::string& context) {
   const std::string d(e.detail.view());
   constexpr std::size_t capacity = sizeof(Error{}.detail.data) - 1;
-  if (e.is(ErrorKind::peer_aborted) && !d.empty()) {
-    e.with_detail(d + "; here: " + context);
-    return e;
-  }
   if (d.empty()) {
     e.with_detail(context);
     return e;
   }
+  if (e.is(ErrorKind::peer_aborted)) {
+    e.with_detail(d + "; here: " + context);
+    return e;
+  }
   const std::size_t room = capacity > d.size() + 2 ? capacity - d.size() - 2 : 0;
-  if (context.size() <= room) e.with_detail(context + ": " + d);
+  if (!e.is(ErrorKind::call_mismatch) || context.size() <= room) e.with_detail(context + ": " + d);
   else if (room >= 8) e.with_detail(context.substr(0, room - 3) + "...: " + d);
   else e.with_detail(d);
   return e;
