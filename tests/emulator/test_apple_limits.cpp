@@ -80,7 +80,8 @@ TEST_CASE("tb limits: ibv_reg_mr up to max_mr_size (16,384,000) works, one byte 
   REQUIRE(ctx);
   ibv_pd* pd = ibv_alloc_pd(ctx);
   REQUIRE(pd);
-  // Registration does not touch the pages: malloc'd, never written.
+  // malloc'd, never written: registration populates and pins the pages (docs/emulator.md, "Registration
+  // and pinning"), as the kernel does for a NIC.
   std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::malloc(kMaxMrSize + 4096)), &std::free);
   ibv_mr* ok = ibv_reg_mr(pd, buf.get(), kMaxMrSize, IBV_ACCESS_LOCAL_WRITE);
   CHECK(ok != nullptr);
