@@ -690,6 +690,9 @@ public:
   /// thread acts on it at its next check_peers() or within 50 ms of a wait (the peers are then
   /// told `cause`, as abort() tells them), and the call fails with `cause`. Thread-safe.
   void request_abort(const Error& cause) noexcept;
+  /// True while a request_abort() waits for the owner thread to act on it (one atomic load: a
+  /// caller's fast path checks it and then calls check_peers()).
+  bool abort_requested() const noexcept { return s_ && s_->abort_requested.load(std::memory_order_acquire); }
   /// Tells every peer why this rank gives up (an abort frame with `cause`'s kind and detail, best
   /// effort, at most 200 ms), then poison(cause). Peers waiting on this rank fail with
   /// ErrorKind::peer_aborted and "rank N aborted: <detail> (its error: <cause's kind>)". Same thread

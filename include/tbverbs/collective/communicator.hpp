@@ -829,6 +829,11 @@ inline Result<void> Communicator::run(collective::Collective kind, DType t, Redu
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
                             std::string(name) + " called while another call of this communicator runs (one thread at a time)"));
   if (s_->broken) return fail(*s_->broken);
+  if (s_->sc.abort_requested()) // abort() from another thread between calls: the peers are told now
+    if (auto r = s_->sc.check_peers(); !r) {
+      s_->broken = r.error();
+      return r;
+    }
   if (auto v = validate(kind, t, in, out, arg); !v) return v;
   if (!s_->net) { // one rank: local copies
     if ((kind == Collective::all_reduce || kind == Collective::all_gather || kind == Collective::reduce_scatter) &&

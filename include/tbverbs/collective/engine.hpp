@@ -296,7 +296,7 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::run() {
     } else {
       ++idle;
     }
-    if (now - last_check > std::chrono::milliseconds(20)) {
+    if (now - last_check > std::chrono::milliseconds(20) || net_.channel().abort_requested()) {
       last_check = now;
       if (auto r = watch(); !r) return r;
     }
