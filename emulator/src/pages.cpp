@@ -616,11 +616,15 @@ bool region_pages(const Fabric& f, int32_t pid, uint64_t start, uint32_t key, ui
                   RegionPages* out) {
   if (len == 0 || key == 0) return false;
   const ShmMr& m = f.shm->mrs[key & (kMaxMrs - 1)];
-  out->stale = __atomic_load_n(&m.stale, __ATOMIC_ACQUIRE);
-  out->frames = __atomic_load_n(&m.frames, __ATOMIC_ACQUIRE);
-  out->record = __atomic_load_n(&m.record, __ATOMIC_ACQUIRE);
-  if (__atomic_load_n(&m.key, __ATOMIC_ACQUIRE) != key || !(out->frames & kFramesChecked) || out->record == 0 ||
-      m.pid != pid || m.pid_start != start)
+  // The key is published last (release) by whoever fills the slot: read it first and again after
+  // the fields, so that they are the registration's whose key this is.
+  if (__atomic_load_n(&m.key, __ATOMIC_ACQUIRE) != key) return false;
+  out->stale = __atomic_load_n(&m.stale, __ATOMIC_RELAXED);
+  out->frames = __atomic_load_n(&m.frames, __ATOMIC_RELAXED);
+  out->record = __atomic_load_n(&m.record, __ATOMIC_RELAXED);
+  const bool same = m.pid == pid && m.pid_start == start;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&m.key, __ATOMIC_RELAXED) != key || !(out->frames & kFramesChecked) || out->record == 0 || !same)
     return false;
   const RecordHeader* h = record_of(f, pid, start, out->record);
   if (!h) return false;

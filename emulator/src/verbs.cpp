@@ -550,10 +550,11 @@ EMU_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint6
     x.addr = reinterpret_cast<uint64_t>(addr);
     x.iova = iova;
     x.length = length;
-    x.record = m->pages.record;
     x.pid_start = self_start();
-    x.frames = m->pages.frames;
-    x.stale = 0;
+    // Atomic: a transfer's page check reads them (pages.cpp), bracketed by loads of the key.
+    __atomic_store_n(&x.record, m->pages.record, __ATOMIC_RELAXED);
+    __atomic_store_n(&x.frames, m->pages.frames, __ATOMIC_RELAXED);
+    __atomic_store_n(&x.stale, 0u, __ATOMIC_RELAXED);
     uint32_t gen = (s->next_gen++ & 0xfffff) | 1;
     __atomic_store_n(&x.key, (gen << 12) | static_cast<uint32_t>(slot), __ATOMIC_RELEASE);
     m->slot = static_cast<uint32_t>(slot);
@@ -1391,9 +1392,9 @@ EMU_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_
     if (move) {
       x.addr = x.iova = reinterpret_cast<uint64_t>(addr);
       x.length = length;
-      x.record = moved.record;
-      x.frames = moved.frames;
-      x.stale = 0;
+      __atomic_store_n(&x.record, moved.record, __ATOMIC_RELAXED);  // read by page checks (pages.cpp)
+      __atomic_store_n(&x.frames, moved.frames, __ATOMIC_RELAXED);
+      __atomic_store_n(&x.stale, 0u, __ATOMIC_RELAXED);
       m->pages = moved;
     }
     if (move || repd) {
