@@ -1,7 +1,7 @@
 // libFuzzer harness: the emulator's fabric-file loader on any text (fabric files are written by
 // hand and by scripts). A fabric it accepts is consistent: every port belongs to a device of a
 // host, every cable joins two distinct ports, each port has at most one cable.
-// fuzz-sources: emulator/src/fabric.cpp emulator/src/quirks.cpp emulator/src/shared_state.cpp
+// fuzz-sources: emulator/src/fabric.cpp emulator/src/quirks.cpp emulator/src/shared_state.cpp emulator/src/pages.cpp emulator/src/trace.cpp
 // fuzz-includes: emulator/src emulator/include
 #include "emu.hpp"
 

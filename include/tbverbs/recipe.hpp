@@ -400,9 +400,10 @@ public:
         if (sel.is_infiniband() && (sel.port_facts().lid == 0 || remote.lid == 0))
           d = std::string(fact::infiniband_lid_zero) + " (local " + std::to_string(sel.port_facts().lid) +
               ", remote " + std::to_string(remote.lid) + "); " + d;
-        // A port that left ACTIVE under the transition explains its failure (a timeout then is
-        // the port going down, not an unreachable dgid): the state now decides.
-        if (const auto state = port_state(sel.port()); state && *state != PortState::active && *state != PortState::active_defer)
+        // A port that went down under the transition explains its failure (a timeout then is the
+        // port going down, not an unreachable dgid): the state now decides. (A port still in
+        // INIT never was ACTIVE: on InfiniBand that is a missing subnet manager, said above.)
+        if (const auto state = port_state(sel.port()); state && *state == PortState::down)
           d = std::string(fact::port_left_active) + " (port " + std::to_string(sel.port()) + " is " +
               std::string(port_state_name(*state)) + " now); " + d;
         e.with_detail(d);

@@ -234,6 +234,8 @@ struct RingSchedule {
   /// True: arrivals are combined into (or copied to) user memory as they come (the engine holds
   /// them until every rank agreed on the call).
   static constexpr bool writes_early() noexcept { return true; }
+  /// True: message 0 of every link is a rank's own data (step 0), there when the call starts.
+  static constexpr bool head_ready(std::size_t, bool) noexcept { return true; }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const std::size_t J = dirs.message(i, j);
@@ -325,6 +327,8 @@ struct LatencySchedule {
   }
   /// False: the user's output is written in finish() only, from every rank's vector.
   static constexpr bool writes_early() noexcept { return false; }
+  /// True: message 0 is the sender's own vector.
+  static constexpr bool head_ready(std::size_t, bool) noexcept { return true; }
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     if (shape.kind == Collective::all_gather) {
@@ -417,6 +421,8 @@ struct MeshSchedule {
   }
   /// False: the user's output is written in finish() only, from every rank's vector.
   static constexpr bool writes_early() noexcept { return false; }
+  /// True: message 0 is the sender's own vector.
+  static constexpr bool head_ready(std::size_t, bool) noexcept { return true; }
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     const std::byte* g = net.scratch() + net.layout().gather(0);
@@ -502,6 +508,11 @@ struct ChainSchedule {
   void finish() noexcept {}
   /// True: pieces go straight into the receivers' buffers.
   static constexpr bool writes_early() noexcept { return true; }
+  /// Whether the sender of link i's message 0 (this rank, or the peer) is the root: anyone else
+  /// forwards what it receives, so its first piece is not there when the call starts.
+  bool head_ready(std::size_t i, bool sending) const noexcept {
+    return sending ? dist[dirs.sends_dir(i)] == 0 : dist[dirs.recvs_dir(i)] == 1;
+  }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t i, std::size_t j, bool sending) const {
     const int d = sending ? dirs.sends_dir(i) : dirs.recvs_dir(i);
@@ -551,6 +562,8 @@ struct PairSchedule {
   void finish() noexcept {}
   /// False: two ranks, whose headers are the whole agreement (the wave is for collectives).
   static constexpr bool writes_early() noexcept { return false; }
+  /// True: the sender's buffer is there when the call starts.
+  static constexpr bool head_ready(std::size_t, bool) noexcept { return true; }
   /// Message j of link i in words, for error details.
   std::string describe(std::size_t, std::size_t j, bool) const {
     return (j >= M ? std::string("credit") : "piece " + std::to_string(j)) + " of " +
@@ -573,6 +586,7 @@ struct EmptySchedule {
   void start() noexcept {}  ///< Nothing.
   void finish() noexcept {} ///< Nothing.
   static constexpr bool writes_early() noexcept { return false; } ///< Nothing is written.
+  static constexpr bool head_ready(std::size_t, bool) noexcept { return true; } ///< Nothing to wait for.
   std::string describe(std::size_t, std::size_t, bool) const { return "credit"; } ///< Placeholders only.
 };
 

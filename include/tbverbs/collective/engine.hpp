@@ -6,15 +6,16 @@
 /// credits and the data allow, polls, hands each arrival to the schedule, and bounds every wait.
 ///
 /// ## Wires
-/// Every link a call uses carries the same number of messages ("wires") each way, numbered from 0:
-/// - wire 0, the **call header**: the call's identity (collective/call.hpp, 64 bytes, one frame);
-/// - wire 1, the **head**: the schedule's message 0, or, when its frame count differs from the
-///   guess the head receive was posted with, a dummy of the guessed frames (message 0 follows);
+/// Every link a call uses carries its messages ("wires") in order, numbered from 0:
+/// - wire 0, the **head**, begins with the **call header**: the call's identity
+///   (collective/call.hpp, 64 bytes). Where the schedule's message 0 is ready when the call
+///   starts and fits beside the header in one message, it rides in the head after the header;
 /// - on the two ring links of cable 0, the **agreement wave** (see below), a 4-byte wire per hop;
-/// - the schedule's messages 1, 2, ...; where one way has fewer, 4-byte placeholders pad it.
-/// The header and head receives of the next call are posted as soon as this call's last receive
-/// is, so a call starts without any exchange: both go out at once, and a peer that finished first
-/// may send them early (they wait, counted, for the next call).
+/// - the schedule's messages (from message 0, when it did not ride in the head); where one way
+///   has fewer wires, 4-byte placeholders pad it to the other's count.
+/// The head receive of the next call is posted as soon as this call's last receive is, so a call
+/// starts without any exchange: the head goes out at once, and a peer that finished first may
+/// send its next head early (it waits, counted, for the next call).
 ///
 /// ## Agreement before any user write
 /// A rank compares each peer's header with its own call before it uses a byte of that link: ranks
@@ -34,17 +35,18 @@
 /// under one reading of the field reports (docs/field-reports.md row 17) and is held by
 /// credit-based flow control under another; on RC it is an RNR error. So:
 /// - before sending wire w, a rank has posted its receives for the peer's wires up to w + window;
-/// - a rank sends wire w >= 2 only after the peer's header matched and the peer's wire
+/// - a rank sends wire w >= 1 only after the peer's header matched and the peer's wire
 ///   w - window arrived (which proves the peer's receives for it);
 /// - message j (j >= 1) of a link lands in receive slot j mod slots, and its receive is posted only
 ///   once message j - slots there was consumed.
 ///
 /// Apple's driver pairs a send with a receive of the same number of 4 KiB frames (TN3205), so the
-/// head receive must be posted with the frame count of a message nobody has chosen yet: both ends
-/// guess the first message of the previous call on the link (the common case: a backend repeats
-/// the same call); when either way's first message differs, both ends first exchange a dummy head
-/// of the guessed size. The header always spans one frame, so ranks that made different calls
-/// always read each other's header: the mismatch is named, never a frame-count error.
+/// head receive must be posted with the frame count of a head nobody has chosen yet: both ends
+/// guess the head of the previous call on the link (the common case: a backend repeats the same
+/// call); when either way's head differs, both ends send a header alone padded to the guessed
+/// frames (a "dummy" head), and message 0 follows it. Every head begins with the header, so ranks
+/// that made different calls always read each other's: the mismatch is named, never a
+/// frame-count error.
 ///
 /// ## Where messages land
 /// A receive goes straight to its place when that place is registered on the link's device and
@@ -52,9 +54,9 @@
 /// copied to its place when delivered, as does a message in a head slot. A send from user memory
 /// that is not registered is first copied into one of the link's send slots (staged memory). With
 /// RDMA WRITE the sender writes into the peer's scratch memory at the place the peer's receive
-/// would have used (its gather area, receive slot, head or header slot: user memory is never
-/// written remotely), and a zero-length receive is the credit, completed with the wire number as
-/// the immediate.
+/// would have used (its gather area, receive slot or head slot: user memory is never written
+/// remotely), and a zero-length receive is the credit, completed with the wire number as
+/// the immediate. A head is written into the peer's head slot.
 #pragma once
 
 #include "call.hpp"
@@ -109,6 +111,7 @@ public:
 
   /// Runs one call, `call` being this rank's identity of it: `plan` provides, per link i,
   /// `sends(i)`, `recvs(i)`, `send_place(i, j)`, `recv_place(i, j)`, `send_ready(i, j, progress)`,
+  /// `head_ready(i, sending)` (message 0 of that way is ready when the sender's call starts),
   /// `received(i, j, data)`, `peer_place(i, j)` (RDMA WRITE: where the peer wants message j),
   /// `start()`, `finish()`, `writes_early()` and `describe(i, j, sending)` (for errors). Every rank
   /// of the links runs the same call. Errors: `call_mismatch` when a peer made another call (a
@@ -121,48 +124,52 @@ public:
   [[nodiscard]] Result<void> run(Schedule& plan, const OpMemory& mem, const CallIdentity& call, std::string& where);
 
 private:
-  // What wire w of a link is in this call (see "Wires").
-  enum class Role : std::uint8_t { header, dummy, message, wave };
+  // What wire w of one way of a link is in this call (see "Wires").
+  enum class Role : std::uint8_t { header, header_message, wave, message, pad };
   struct Wire {
     Role role;
     std::size_t index; // message j, or wave hop k (from 1)
+  };
+
+  // How one way of a link lays out its wires: message 0 in the head, or after the head and the wave.
+  struct Layout {
+    bool in_head = false;
+    std::size_t wave = 0;
+    std::size_t wires = 0; // this way's own wires (the link pads both ways to the larger count)
+    std::size_t first() const noexcept { return in_head ? 0 : 1 + wave; } // message 0's wire
+    Wire wire(std::size_t w) const noexcept {
+      if (w >= wires) return {Role::pad, 0};
+      if (w == 0) return in_head ? Wire{Role::header_message, 0} : Wire{Role::header, 0};
+      if (w <= wave) return {Role::wave, w};
+      return {Role::message, w - first()};
+    }
   };
 
   // One link's part of one call.
   struct LinkOp {
     bool part = false;                 // the call uses this link
     std::size_t sends = 0, recvs = 0;  // the schedule's messages each way
-    std::size_t messages = 0;          // max(sends, recvs, 1): message 0 always travels
-    bool dummy = false;                // a dummy head goes first
-    std::size_t wave = 0;              // agreement-wave wires
+    bool dummy = false;                // the heads are headers padded to the guessed frames
+    Layout out, in;                    // this rank's sends, and the peer's
     std::size_t wires = 0;             // wires each way
     std::size_t sent = 0, send_done = 0, posted = 0, received = 0, consumed = 0;
-    std::size_t messages_consumed = 0; // messages (of `messages`) consumed: frees their receive slots
+    std::size_t messages_consumed = 0; // messages received and consumed: frees their receive slots
     std::size_t direct_from = SIZE_MAX;// wires posted from here on may land in user memory
     bool header_ok = false;            // the peer's header matched
-    bool next_posted = false;          // the next call's header and head receives are posted
-    std::uint32_t first_out = 1, first_in = 1; // frames of message 0 each way
+    bool next_posted = false;          // the next call's head receive is posted
+    std::uint32_t first_out = 1, first_in = 1; // frames of the head each way, had no dummy been sent
 
-    // The wire of message 0: after the header and the head (and, with the agreement wave, the
-    // wave: the head is then a dummy, so that no message waits in line for the wave).
-    std::size_t m0() const noexcept { return wave > 0 ? 2 + wave : dummy ? 2 : 1; }
-    Wire wire(std::size_t w) const noexcept {
-      if (w == 0) return {Role::header, 0};
-      if (w >= m0()) return {Role::message, w - m0()};
-      if (w >= 2) return {Role::wave, w - 1};
-      return {Role::dummy, 0};
-    }
-    // Wave wires that have arrived (wires 2 .. 1 + wave).
-    std::size_t wave_received() const noexcept { return wave > 0 && received > 2 ? std::min(received - 2, wave) : 0; }
+    // Wave wires that have arrived (wires 1 .. wave).
+    std::size_t wave_received() const noexcept { return received > 1 ? std::min(received - 1, in.wave) : 0; }
     bool done() const noexcept {
       return !part || (received == wires && consumed == wires && send_done == wires && next_posted);
     }
   };
 
-  // wr_id of a receive: bits 62-63 its kind, bit 61 the parity of a header or head receive, the
-  // low 32 bits the wire of a data receive. Send ids: bit 40 set, the wire below.
-  static constexpr std::uint64_t kind_header = std::uint64_t{1} << 62, kind_head = std::uint64_t{2} << 62,
-                                 parity_bit = std::uint64_t{1} << 61, send_bit = std::uint64_t{1} << 40;
+  // wr_id of a receive: bit 62 set for a head (posted during the previous call), bit 61 its slot's
+  // parity; a data receive's is its wire. Send ids: bit 40 set, the wire below.
+  static constexpr std::uint64_t kind_head = std::uint64_t{1} << 62, parity_bit = std::uint64_t{1} << 61,
+                                 send_bit = std::uint64_t{1} << 40;
   static constexpr std::size_t placeholder_bytes = 4;
   static std::uint32_t frames(std::size_t len) noexcept { return frames_of(len == 0 ? placeholder_bytes : len); }
 
@@ -213,7 +220,7 @@ private:
   // ---- set-up
   void plan_links();
   void plan_link(std::size_t i, std::size_t wave);
-  Result<void> take_early_arrivals();
+  Result<void> take_early_arrival();
 
   // ---- places and lengths
   const OpMemory::Buffer* buffer_of(Place::Buffer b) const noexcept;
@@ -229,12 +236,13 @@ private:
   bool may_send(std::size_t i, std::size_t w) const;
   Result<void> post_send(std::size_t i, std::size_t w);
   Result<abi::ibv_sge> send_sge(std::size_t i, std::size_t w, std::size_t& peer_at);
+  Result<abi::ibv_sge> head_sge(std::size_t i);
 
   // ---- arrivals
   Result<void> handle(std::size_t i, std::span<const WorkCompletion> wcs);
   Result<void> arrived(std::size_t i, std::size_t w, std::size_t bytes);
   Result<void> check_header(std::size_t i);
-  Result<void> early_header(std::size_t i, unsigned parity);
+  Result<void> early_head(std::size_t i, unsigned parity);
   Result<void> deliver(std::size_t i);
   Result<void> deliver_message(std::size_t i, std::size_t w, std::size_t j);
   void update_agreement();
@@ -275,7 +283,7 @@ private:
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::run() {
   plan_links();
   plan_.start();
-  if (auto r = take_early_arrivals(); !r) return r;
+  if (auto r = take_early_arrival(); !r) return r;
   update_agreement();
   using clock = std::chrono::steady_clock;
   const auto timeout = net_.config().timeout;
@@ -323,51 +331,53 @@ template <class Schedule> inline void Engine::Pass<Schedule>::plan_links() {
   for (std::size_t i = 0; i < links(); ++i) {
     e_.delivered_[i] = 0;
     const bool ring0 = i == cable0_[0] || i == cable0_[1];
-    plan_link(i, ring0 ? hops : 0);
-    if (ring0) op(i).part = true;
-    if (!op(i).part) {
+    const std::size_t s = plan_.sends(i), r = plan_.recvs(i);
+    if (!ring0 && s == 0 && r == 0) {
       op(i) = LinkOp{};
       continue;
     }
-    op(i).wires = op(i).m0() + op(i).wave + op(i).messages;
-    // This call's header, in the link's header send frame (wire 0).
-    encode(call_, std::span<std::byte, call_header_bytes>(net_.scratch() + L_.header_send(i), call_header_bytes));
+    plan_link(i, ring0 ? hops : 0);
   }
   if (hops == 0) cable0_[0] = cable0_[1] = SIZE_MAX;
 }
 
+// Link i's layouts: message 0 rides in the head (after the header) when its sender has it when
+// the call starts and both fit one message, the head is a dummy when either way's head differs in
+// frames from the guess both ends posted with (Apple pairs frames), and the wave comes first.
 template <class Schedule> inline void Engine::Pass<Schedule>::plan_link(std::size_t i, std::size_t wave) {
   LinkOp& o = op(i);
   const LinkState& s = state(i);
   o = LinkOp{};
+  o.part = true;
   o.sends = plan_.sends(i);
   o.recvs = plan_.recvs(i);
-  o.part = o.sends > 0 || o.recvs > 0;
-  o.messages = std::max<std::size_t>({o.sends, o.recvs, 1});
-  o.wave = wave;
-  if (wave > 0) { // the head is a dummy; the next call's head guess one frame
-    o.dummy = true;
-  } else {
-    o.first_out = frames(o.sends > 0 ? plan_.send_place(i, 0).length : 0);
-    o.first_in = frames(o.recvs > 0 ? plan_.recv_place(i, 0).length : 0);
-    o.dummy = pairing_ && !write_ && (o.first_out != s.head_frames_out || o.first_in != s.head_frames_in);
-  }
-  o.posted = 2; // the header and the head, posted during the previous call or at set-up
+  const std::size_t messages = std::max<std::size_t>({o.sends, o.recvs, 1});
+  auto riding = [&](bool sending, std::size_t count) -> std::size_t { // message 0's bytes in the head, or SIZE_MAX
+    if (wave > 0) return SIZE_MAX; // the wave goes first: a head never waits for data
+    if (count == 0) return 0;      // a placeholder: the header alone stands for it
+    const std::size_t len = sending ? plan_.send_place(i, 0).length : plan_.recv_place(i, 0).length;
+    return plan_.head_ready(i, sending) && call_header_bytes + len <= L_.slot_bytes ? len : SIZE_MAX;
+  };
+  const std::size_t ride_out = riding(true, o.sends), ride_in = riding(false, o.recvs);
+  o.first_out = frames(call_header_bytes + (ride_out == SIZE_MAX ? 0 : ride_out));
+  o.first_in = frames(call_header_bytes + (ride_in == SIZE_MAX ? 0 : ride_in));
+  o.dummy = pairing_ && !write_ && (o.first_out != s.head_frames_out || o.first_in != s.head_frames_in);
+  o.out.in_head = !o.dummy && ride_out != SIZE_MAX;
+  o.in.in_head = !o.dummy && ride_in != SIZE_MAX;
+  o.out.wave = o.in.wave = wave;
+  o.out.wires = o.out.first() + messages;
+  o.in.wires = o.in.first() + messages;
+  o.wires = std::max(o.out.wires, o.in.wires);
+  o.posted = 1; // the head, posted during the previous call or at set-up
 }
 
-// A header and head that a peer sent before this call began are its wires 0 and 1.
-template <class Schedule> inline Result<void> Engine::Pass<Schedule>::take_early_arrivals() {
+// A head that a peer sent before this call began is its wire 0.
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::take_early_arrival() {
   for (std::size_t i = 0; i < links(); ++i) {
     LinkState& s = state(i);
-    if (!op(i).part) continue;
-    if (s.early_header) {
-      s.early_header = false;
-      if (auto r = arrived(i, 0, call_header_bytes); !r) return failed(r, describe_wire(i, 0, false));
-    }
-    if (s.early_head) {
-      s.early_head = false;
-      if (auto r = arrived(i, 1, s.early_bytes); !r) return failed(r, describe_wire(i, 1, false));
-    }
+    if (!op(i).part || !s.early_head) continue;
+    s.early_head = false;
+    if (auto r = arrived(i, 0, s.early_bytes); !r) return failed(r, describe_wire(i, 0, false));
   }
   return {};
 }
@@ -389,13 +399,14 @@ template <class Schedule> inline std::byte* Engine::Pass<Schedule>::pointer(cons
 }
 
 // Where wire w of link i lands here (a scratch offset), or SIZE_MAX: straight into its place.
+// A message in the head is at the head slot's offset call_header_bytes.
 template <class Schedule> inline std::size_t Engine::Pass<Schedule>::landing(std::size_t i, std::size_t w) const {
   const LinkOp& o = op(i);
   const LinkState& s = state(i);
-  const Wire x = o.wire(w);
-  if (x.role == Role::header) return L_.header_slot(i, s.parity);
-  if (x.role == Role::dummy || (x.role == Role::message && w == 1)) return L_.head_slot(i, s.parity);
-  if (x.role == Role::wave || x.index >= o.recvs) return L_.placeholder();
+  const Wire x = o.in.wire(w);
+  if (x.role == Role::header) return L_.head_slot(i, s.parity);
+  if (x.role == Role::header_message) return L_.head_slot(i, s.parity) + call_header_bytes;
+  if (x.role != Role::message || x.index >= o.recvs) return L_.placeholder();
   const Place p = plan_.recv_place(i, x.index);
   if (p.length == 0) return L_.placeholder();
   if (p.buffer == Place::Buffer::scratch) return L_.gather(0) + p.offset;
@@ -408,26 +419,25 @@ template <class Schedule> inline std::size_t Engine::Pass<Schedule>::landing(std
 // Bytes wire w of link i must carry (SIZE_MAX: any, a dummy head).
 template <class Schedule> inline std::size_t Engine::Pass<Schedule>::expected_len(std::size_t i, std::size_t w) const {
   const LinkOp& o = op(i);
-  const Wire x = o.wire(w);
-  if (x.role == Role::header) return call_header_bytes;
-  if (x.role == Role::dummy) return SIZE_MAX;
-  if (x.role == Role::wave || x.index >= o.recvs) return placeholder_bytes;
-  const std::size_t len = plan_.recv_place(i, x.index).length;
-  return len == 0 ? placeholder_bytes : len;
+  const Wire x = o.in.wire(w);
+  if (x.role == Role::header) return o.dummy ? SIZE_MAX : call_header_bytes;
+  const std::size_t j_len = x.index < o.recvs && x.role != Role::wave && x.role != Role::pad ? plan_.recv_place(i, x.index).length : 0;
+  if (x.role == Role::header_message) return call_header_bytes + j_len;
+  return j_len == 0 ? placeholder_bytes : j_len;
 }
 
 // Receives up to what the slots allow: message j (j >= 1) reuses the slot of message j - slots.
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_receives(std::size_t i, bool& progress) {
   LinkOp& o = op(i);
   while (o.posted < o.wires) {
-    const Wire x = o.wire(o.posted);
+    const Wire x = o.in.wire(o.posted);
     if (x.role == Role::message && x.index >= 1 && x.index >= o.messages_consumed + slots_) break;
     if (auto r = post_recv(i, o.posted); !r) return failed(r, "posting the receive of " + describe_wire(i, o.posted, false));
     ++o.posted;
     progress = true;
   }
   if (o.posted == o.wires && !o.next_posted) {
-    if (auto r = post_next(i); !r) return failed(r, "posting the next call's header and head receives on link " + std::to_string(net_.links()[i].id()));
+    if (auto r = post_next(i); !r) return failed(r, "posting the next call's head receive on link " + std::to_string(net_.links()[i].id()));
     o.next_posted = true;
   }
   return {};
@@ -442,7 +452,7 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_recv(
     if (!sge) return fail(sge.error());
     return l.qp().recv(w, *sge);
   }
-  const Place p = plan_.recv_place(i, op(i).wire(w).index);
+  const Place p = plan_.recv_place(i, op(i).in.wire(w).index);
   const auto* b = buffer_of(p.buffer);
   const std::size_t port = state(i).port_index;
   auto sge = b->reg[port]->sge(b->offset[port] + p.offset, p.length);
@@ -450,24 +460,17 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_recv(
   return l.qp().recv(w, *sge);
 }
 
-// The next call's header (one frame) and head (the frames of this call's first message from the
-// peer: the guess) receives, in the other parity's slots.
+// The next call's head receive (the frames of this call's head from the peer, had it sent no
+// dummy: the guess) in the other parity's head slot.
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_next(std::size_t i) {
   const LinkState& s = state(i);
   const unsigned next = s.parity ^ 1u;
-  const std::uint64_t parity = next != 0 ? parity_bit : 0;
+  const std::uint64_t id = kind_head | (next != 0 ? parity_bit : 0);
   Link& l = net_.links()[i];
-  if (write_) {
-    if (auto r = l.qp().post(RecvWr(kind_header | parity)); !r) return r;
-    return l.qp().post(RecvWr(kind_head | parity));
-  }
-  const MemoryRegionSet& scr = *s.port->scratch;
-  auto hs = scr.sge(L_.header_slot(i, next), call_header_bytes);
-  if (!hs) return fail(hs.error());
-  if (auto r = l.qp().recv(kind_header | parity, *hs); !r) return r;
-  auto head = scr.sge(L_.head_slot(i, next), pairing_ ? std::size_t{op(i).first_in} * frame_bytes : L_.slot_bytes);
+  if (write_) return l.qp().post(RecvWr(id));
+  auto head = s.port->scratch->sge(L_.head_slot(i, next), pairing_ ? std::size_t{op(i).first_in} * frame_bytes : L_.slot_bytes);
   if (!head) return fail(head.error());
-  return l.qp().recv(kind_head | parity, *head);
+  return l.qp().recv(id, *head);
 }
 
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_sends(std::size_t i, bool& progress) {
@@ -487,16 +490,35 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::post_sends
 template <class Schedule> inline bool Engine::Pass<Schedule>::may_send(std::size_t i, std::size_t w) const {
   const LinkOp& o = op(i);
   const std::size_t W = state(i).window;
-  if (w >= 2 && (!o.header_ok || w >= o.received + W)) return false;
+  if (w >= 1 && (!o.header_ok || w >= o.received + W)) return false;
   if (o.posted < std::min(w + W + 1, o.wires)) return false;
   if (o.sent - o.send_done >= slots_) return false;
-  const Wire x = o.wire(w);
+  const Wire x = o.out.wire(w);
   if (x.role == Role::wave) {
     const std::size_t other = i == cable0_[0] ? cable0_[1] : cable0_[0];
     return x.index == 1 ? op(other).header_ok : op(other).wave_received() >= x.index - 1;
   }
-  if (x.role == Role::message && x.index < o.sends) return plan_.send_ready(i, x.index, Progress{e_.delivered_});
+  if ((x.role == Role::message || x.role == Role::header_message) && x.index < o.sends)
+    return plan_.send_ready(i, x.index, Progress{e_.delivered_});
   return true;
+}
+
+// The head: the call header, then message 0 when it rides along, or padding to the guessed
+// frames (a dummy head), composed in the link's send slot 0.
+template <class Schedule> inline Result<abi::ibv_sge> Engine::Pass<Schedule>::head_sge(std::size_t i) {
+  const LinkOp& o = op(i);
+  const LinkState& s = state(i);
+  std::byte* slot = net_.scratch() + L_.send_slot(i, 0);
+  encode(call_, std::span<std::byte, call_header_bytes>(slot, call_header_bytes));
+  std::size_t len = call_header_bytes;
+  if (o.out.in_head && o.sends > 0) {
+    const Place p = plan_.send_place(i, 0);
+    if (p.length > 0) std::memcpy(slot + call_header_bytes, pointer(p), p.length);
+    len += p.length;
+  } else if (o.dummy && s.head_frames_out > 1) {
+    len = std::size_t{s.head_frames_out} * frame_bytes;
+  }
+  return s.port->scratch->sge(L_.send_slot(i, 0), len);
 }
 
 // The bytes of wire w and, for RDMA WRITE, where they go in the peer's scratch memory.
@@ -505,27 +527,18 @@ inline Result<abi::ibv_sge> Engine::Pass<Schedule>::send_sge(std::size_t i, std:
   const LinkOp& o = op(i);
   const LinkState& s = state(i);
   const MemoryRegionSet& scr = *s.port->scratch;
-  const Wire x = o.wire(w);
+  const Wire x = o.out.wire(w);
   peer_at = L_.placeholder();
-  if (x.role == Role::header) {
-    peer_at = L_.header_slot(s.peer_link_index, s.parity);
-    return scr.sge(L_.header_send(i), call_header_bytes);
-  }
-  if (x.role == Role::dummy) { // the frames the peer's head receive was posted with
+  if (x.role == Role::header || x.role == Role::header_message) {
     peer_at = L_.head_slot(s.peer_link_index, s.parity);
-    const std::size_t len = !pairing_ || s.head_frames_out <= 1 ? placeholder_bytes : std::size_t{s.head_frames_out} * frame_bytes;
-    return scr.sge(len == placeholder_bytes ? L_.placeholder() : L_.send_slot(i, 0), len);
+    return head_sge(i);
   }
-  if (x.role == Role::wave || x.index >= o.sends || plan_.send_place(i, x.index).length == 0) {
-    if (w == 1) peer_at = L_.head_slot(s.peer_link_index, s.parity);
+  if (x.role != Role::message || x.index >= o.sends || plan_.send_place(i, x.index).length == 0)
     return scr.sge(L_.placeholder(), placeholder_bytes);
-  }
   const Place p = plan_.send_place(i, x.index);
   if (write_) {
     const Place q = plan_.peer_place(i, x.index);
-    peer_at = w == 1 ? L_.head_slot(s.peer_link_index, s.parity)
-              : q.buffer == Place::Buffer::scratch ? L_.gather(0) + q.offset
-                                                   : L_.recv_slot(s.peer_link_index, x.index % slots_);
+    peer_at = q.buffer == Place::Buffer::scratch ? L_.gather(0) + q.offset : L_.recv_slot(s.peer_link_index, x.index % slots_);
   }
   if (p.buffer == Place::Buffer::scratch) return scr.sge(L_.gather(0) + p.offset, p.length);
   const auto* b = buffer_of(p.buffer);
@@ -557,21 +570,17 @@ inline Result<void> Engine::Pass<Schedule>::handle(std::size_t i, std::span<cons
       continue;
     }
     const std::uint64_t id = wc.wr_id();
-    const std::uint64_t kind = id & (std::uint64_t{3} << 62);
-    if (kind != 0 && (!o.part || ((id & parity_bit) != 0) != (s.parity != 0))) {
-      // The next call's header or head, sent by a peer that finished this call first (or whose
-      // next call uses a link this one does not).
-      if (kind == kind_header) {
-        if (auto r = early_header(i, (id & parity_bit) != 0 ? 1u : 0u); !r) return r;
-        s.early_header = true;
-      } else {
-        s.early_head = true;
-        s.early_bytes = wc.byte_len();
-      }
+    const bool head = (id & kind_head) != 0;
+    if (head && (!o.part || ((id & parity_bit) != 0) != (s.parity != 0))) {
+      // The next call's head, sent by a peer that finished this call first (or whose next call
+      // uses a link this one does not).
+      if (auto r = early_head(i, (id & parity_bit) != 0 ? 1u : 0u); !r) return r;
+      s.early_head = true;
+      s.early_bytes = wc.byte_len();
       continue;
     }
-    const std::size_t w = kind == kind_header ? 0 : kind == kind_head ? 1 : static_cast<std::size_t>(write_ ? wc.imm() : id & 0xffffffffu);
-    if (w != o.received || (write_ && wc.has_imm() && kind == 0 && wc.imm() != o.received))
+    const std::size_t w = head ? 0 : static_cast<std::size_t>(write_ ? wc.imm() : id & 0xffffffffu);
+    if (w != o.received || (write_ && wc.has_imm() && !head && wc.imm() != o.received))
       return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
                               "messages from rank " + std::to_string(s.peer) + " out of order: got wire " +
                                   std::to_string(w) + ", expected " + std::to_string(o.received)));
@@ -580,33 +589,33 @@ inline Result<void> Engine::Pass<Schedule>::handle(std::size_t i, std::span<cons
   return {};
 }
 
-// Wire w of link i arrived with `bytes`: its length checked (a header is read and compared);
-// its content waits for deliver().
+// Wire w of link i arrived with `bytes`: its length checked (a head's header is read and
+// compared); its content waits for deliver().
 template <class Schedule>
 inline Result<void> Engine::Pass<Schedule>::arrived(std::size_t i, std::size_t w, std::size_t bytes) {
   LinkOp& o = op(i);
   LinkState& s = state(i);
-  const std::size_t want = expected_len(i, w);
-  if (!write_ && want != SIZE_MAX && bytes != want) {
-    if (w == 0)
+  if (w == 0) { // the header first: a peer in another call sends another head
+    if (!write_ && bytes < call_header_bytes)
       return fail(Error::make(Step::collective, ErrorKind::bad_frame,
-                              "rank " + std::to_string(s.peer) + " sent " + std::to_string(bytes) +
-                                  " bytes where a call header of " + std::to_string(call_header_bytes) +
-                                  " was due (a rank of another tbverbs release?)"));
+                              "rank " + std::to_string(s.peer) + " sent a head of " + std::to_string(bytes) +
+                                  " bytes, shorter than a call header (a rank of another tbverbs release?)"));
+    if (auto r = check_header(i); !r) return r;
+  }
+  const std::size_t want = expected_len(i, w);
+  if (!write_ && want != SIZE_MAX && bytes != want)
     return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
                             describe_wire(i, w, false) + " from rank " + std::to_string(s.peer) + " carried " +
                                 std::to_string(bytes) + " bytes, expected " + std::to_string(want) +
                                 " although both ranks made the same call"));
-  }
   ++o.received;
   ++s.messages_received;
-  if (w == 0) return check_header(i);
   return {};
 }
 
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::check_header(std::size_t i) {
   const LinkState& s = state(i);
-  const std::byte* at = net_.scratch() + L_.header_slot(i, s.parity);
+  const std::byte* at = net_.scratch() + L_.head_slot(i, s.parity);
   const auto theirs = decode_call(std::span<const std::byte>(at, call_header_bytes));
   if (!theirs || theirs->rank != s.peer)
     return fail(Error::make(Step::collective, ErrorKind::bad_frame,
@@ -616,12 +625,12 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::check_head
   return {};
 }
 
-// A header for a later call (a peer that finished this one first, or whose next call uses a link
-// this one does not): during a collective, it must come from a call the peer made after this
+// The head of a later call (a peer that finished this one first, or whose next call uses a link
+// this one does not): during a collective it must come from a call the peer made after this
 // collective; one made before it (or in its place) means the peer will not make this call.
-template <class Schedule> inline Result<void> Engine::Pass<Schedule>::early_header(std::size_t i, unsigned parity) {
+template <class Schedule> inline Result<void> Engine::Pass<Schedule>::early_head(std::size_t i, unsigned parity) {
   if (call_.point_to_point()) return {};
-  const std::byte* at = net_.scratch() + L_.header_slot(i, parity);
+  const std::byte* at = net_.scratch() + L_.head_slot(i, parity);
   const auto theirs = decode_call(std::span<const std::byte>(at, call_header_bytes));
   if (!theirs) return {}; // read again, and refused, when its call comes
   if (theirs->collective_seq > call_.collective_seq) return {};
@@ -635,8 +644,8 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::deliver(st
   LinkOp& o = op(i);
   while (o.consumed < o.received) {
     const std::size_t w = o.consumed;
-    const Wire x = o.wire(w);
-    if (x.role == Role::message) {
+    const Wire x = o.in.wire(w);
+    if (x.role == Role::message || x.role == Role::header_message) {
       if (!agreed_) return {};
       if (auto r = deliver_message(i, w, x.index); !r) return failed(r, describe_wire(i, w, false));
       ++o.messages_consumed;
@@ -669,7 +678,7 @@ template <class Schedule> inline void Engine::Pass<Schedule>::update_agreement()
     if (op(i).part && !op(i).header_ok) return;
   if (cable0_[0] != SIZE_MAX)
     for (std::size_t i : cable0_)
-      if (op(i).wave_received() < op(i).wave) return;
+      if (op(i).wave_received() < op(i).in.wave) return;
   agreed_ = true;
   for (std::size_t i = 0; i < links(); ++i) op(i).direct_from = op(i).posted;
 }
@@ -741,7 +750,7 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::leaving_pe
   return {};
 }
 
-// The next call's guesses: this call's first messages; its header and head land in the other parity.
+// The next call's guesses: this call's heads; its head lands in the other parity's slot.
 template <class Schedule> inline void Engine::Pass<Schedule>::end() {
   for (std::size_t i = 0; i < links(); ++i) {
     const LinkOp& o = op(i);
@@ -755,12 +764,13 @@ template <class Schedule> inline void Engine::Pass<Schedule>::end() {
 
 template <class Schedule>
 inline std::string Engine::Pass<Schedule>::describe_wire(std::size_t i, std::size_t w, bool sending) const {
-  const Wire x = op(i).wire(w);
+  const Wire x = (sending ? op(i).out : op(i).in).wire(w);
   const std::string link = " (link " + std::to_string(net_.links()[i].id()) + ")";
   switch (x.role) {
   case Role::header: return "the call header" + link;
-  case Role::dummy: return "the dummy head" + link;
+  case Role::header_message: return "the call header with message 0 (" + plan_.describe(i, 0, sending) + ")" + link;
   case Role::wave: return "agreement wave hop " + std::to_string(x.index) + link;
+  case Role::pad: return "a placeholder" + link;
   case Role::message: break;
   }
   return "message " + std::to_string(x.index) + " (" + plan_.describe(i, x.index, sending) + ")" + link;

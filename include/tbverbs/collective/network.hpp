@@ -150,9 +150,8 @@ enum class Side : std::uint8_t { left = 0, right = 1, mesh = 2 };
 
 /// The scratch memory's layout, the same on every rank (RDMA WRITE aims at it): per link,
 /// `slots` receive slots, as many send slots (staged memory) and two head slots, each `slot_bytes`;
-/// then the gather area of the latency and mesh algorithms; then per link three frames for the
-/// call headers (two receive slots, one to send from: collective/engine.hpp, "Wires"); then one
-/// page for placeholders (the 4-byte messages of empty pieces, credits and the agreement wave).
+/// then the gather area of the latency and mesh algorithms; then one page for placeholders (the
+/// 4-byte messages of empty pieces, credits and the agreement wave).
 struct ScratchLayout {
   std::size_t slot_bytes = 0;    ///< One message.
   std::size_t slots = 0;         ///< Receive (and send) slots per link: 2 x the link's window.
@@ -167,12 +166,8 @@ struct ScratchLayout {
   std::size_t head_slot(std::size_t i, unsigned h) const noexcept { return (i * per_link() + 2 * slots + h) * slot_bytes; }
   /// Offset of the gather area's vector v.
   std::size_t gather(std::size_t v) const noexcept { return links * per_link() * slot_bytes + v * vector_bytes; }
-  /// Offset of link i's call-header receive slot h (0 or 1): one frame.
-  std::size_t header_slot(std::size_t i, unsigned h) const noexcept { return gather(gather_vectors) + (i * 3 + h) * frame_bytes; }
-  /// Offset of link i's frame this rank's call header is sent from.
-  std::size_t header_send(std::size_t i) const noexcept { return gather(gather_vectors) + (i * 3 + 2) * frame_bytes; }
   /// Offset of the placeholder page.
-  std::size_t placeholder() const noexcept { return gather(gather_vectors) + links * 3 * frame_bytes; }
+  std::size_t placeholder() const noexcept { return gather(gather_vectors); }
   /// Bytes of the whole scratch memory.
   std::size_t bytes() const noexcept { return placeholder() + frame_bytes; }
   /// Slots of one link: receive, send and head.
@@ -193,11 +188,10 @@ struct LinkState {
   // frames (Apple pairs a send and a receive by their frame counts).
   std::uint32_t head_frames_in = 1;  ///< Frames of the next head this rank receives (see above).
   std::uint32_t head_frames_out = 1; ///< Frames of the next head this rank sends (see above).
-  /// Which of the link's two header and head slots the next call's header and head land in.
+  /// Which of the link's two head slots the next call's head (its call header first) lands in.
   unsigned parity = 0;
-  bool early_header = false;     ///< The next call's header arrived during an earlier call.
   bool early_head = false;       ///< The next call's head arrived during an earlier call.
-  std::uint32_t early_bytes = 0; ///< The head's length.
+  std::uint32_t early_bytes = 0; ///< Its length.
   std::uint64_t messages_sent = 0;     ///< Messages sent since set-up (traffic lines).
   std::uint64_t messages_received = 0; ///< Messages received since set-up (traffic lines).
   /// RDMA WRITE transport: where the peer's scratch is (its address, plan, rkeys on the peer's
@@ -254,9 +248,9 @@ public:
   int left() const noexcept { return left_; }
   int right() const noexcept { return right_; } ///< See left().
   /// The largest window whose receives stay within apple_max_posted_requests per queue on Apple:
-  /// 2 x window slots, three heads, two call headers and the agreement wave.
+  /// 2 x window slots, three heads and the agreement wave.
   std::uint32_t apple_window_cap() const noexcept {
-    const std::uint32_t fixed = 3 + 2 + static_cast<std::uint32_t>(wave_hops());
+    const std::uint32_t fixed = 3 + static_cast<std::uint32_t>(wave_hops());
     return apple_max_posted_requests > fixed + 2 ? (apple_max_posted_requests - fixed) / 2 : 1;
   }
   /// Hops of the agreement wave (collective/engine.hpp): (size - 2) / 2 from 4 ranks on, else 0.
@@ -494,9 +488,9 @@ inline Result<void> Network::allocate() {
   const std::size_t k_max = std::max<std::size_t>({1, count(Side::left), count(Side::right)});
   std::uint32_t window = static_cast<std::uint32_t>((static_cast<std::size_t>(std::max(1, cfg_.window)) + k_max - 1) / k_max);
   if (frame_pairing_) {
-    // Three heads of a message each, the call headers and the wave one frame each; and the
-    // requests per queue (apple_max_posted_requests).
-    const std::size_t room = max_depth_frames - 2 - wave_hops();
+    // Three heads of a message each, the wave a frame per hop; and the requests per queue
+    // (apple_max_posted_requests).
+    const std::size_t room = max_depth_frames - wave_hops();
     std::size_t fit = room / frames >= 3 ? (room / frames - 3) / 2 : 0;
     fit = std::min<std::size_t>(fit, apple_window_cap());
     if (fit < 1)
@@ -529,7 +523,7 @@ inline Result<void> Network::allocate() {
     shape.message_bytes = layout_.slot_bytes;
     shape.window = static_cast<int>(window);
     shape.extra_messages = 2;  // the two heads beyond JobNeeds' one, and a dummy head
-    shape.extra_control = 2 + static_cast<int>(wave_hops()); // two call headers, the agreement wave
+    shape.extra_control = static_cast<int>(wave_hops()); // the agreement wave
     shape.buffers.push_back(layout_.bytes());
     auto limits = DeviceLimits::of(*p->context);
     if (!limits) return fail(limits.error());
@@ -563,11 +557,11 @@ inline Result<void> Network::allocate() {
 
 inline Result<void> Network::connect() {
   const std::uint32_t frames = frames_of(cfg_.message_bytes);
-  // Per link: the window's slots of receives, two heads and a dummy head, two call headers and the
-  // agreement wave: counted in frames on Apple (at most 4095), else in work requests (at most the
-  // device's max_qp_wr; asking the frame count there too leaves room to widen the window if the
-  // messages shrink).
-  const std::uint32_t want = frames * static_cast<std::uint32_t>(layout_.slots + 3) + 2 + static_cast<std::uint32_t>(wave_hops());
+  // Per link: the window's slots of receives, two heads and a message 0 behind a dummy head, and
+  // the agreement wave: counted in frames on Apple (at most 4095), else in work requests (at most
+  // the device's max_qp_wr; asking the frame count there too leaves room to widen the window if
+  // the messages shrink).
+  const std::uint32_t want = frames * static_cast<std::uint32_t>(layout_.slots + 3) + static_cast<std::uint32_t>(wave_hops());
   auto depth_on = [&](const Port& p) {
     if (p.context->platform() == Platform::apple) return std::min(max_depth_frames, want);
     const auto wr = p.device.max_qp_wr > 0 ? static_cast<std::uint32_t>(p.device.max_qp_wr) : want;
@@ -627,9 +621,9 @@ inline Result<void> Network::agree_message_size() {
   // queue, of f frames each where the QP counts frames (Apple), one request each elsewhere.
   // Every rank computes its own (a Mac's 4095 frames, a Linux host's max_qp_wr requests) and the
   // job takes the smallest, so both ends of every link post the same window.
-  // Besides those, two call headers and the agreement wave (one frame or request each), and on
-  // Apple at most apple_max_posted_requests requests per queue, whatever the frames allow.
-  const std::uint32_t control = 2 + static_cast<std::uint32_t>(wave_hops());
+  // Besides those, the agreement wave (one frame or request per hop), and on Apple at most
+  // apple_max_posted_requests requests per queue, whatever the frames allow.
+  const std::uint32_t control = static_cast<std::uint32_t>(wave_hops());
   auto window_by_depth = [&](std::size_t bytes) {
     const std::uint32_t f = frames_of(std::max(frame_bytes, bytes / frame_bytes * frame_bytes));
     std::uint64_t w = std::numeric_limits<std::uint64_t>::max();
@@ -724,22 +718,18 @@ inline Result<void> Network::exchange_advertisements() {
   return {};
 }
 
-// Every link's first call-header and head receives (one frame each, in the slots of parity 0; two
-// zero-length credits for RDMA WRITE: collective/engine.hpp, "Wires"), then "receives posted"
-// over the side channel: the last step of set-up, and the last time the collectives use it
-// except on a failure (and close()'s barrier).
+// Every link's first head receive (one frame, in head slot 0; a zero-length credit for RDMA
+// WRITE: collective/engine.hpp, "Wires"), then "receives posted" over the side channel: the last
+// step of set-up, and the last time the collectives use it except on a failure (and close()'s
+// barrier).
 inline Result<void> Network::prime() {
-  constexpr std::uint64_t header_id = std::uint64_t{1} << 62, head_id = std::uint64_t{2} << 62;
+  constexpr std::uint64_t head_id = std::uint64_t{1} << 62;
   for (std::size_t i = 0; i < links_.size(); ++i) {
     LinkState& s = states_[i];
     if (write_) {
-      if (auto r = links_[i].qp().post(RecvWr(header_id)); !r) return fail(r.error());
       if (auto r = links_[i].qp().post(RecvWr(head_id)); !r) return fail(r.error());
       continue;
     }
-    auto header = s.port->scratch->sge(layout_.header_slot(i, 0), call_header_bytes);
-    if (!header) return fail(header.error());
-    if (auto r = links_[i].qp().recv(header_id, *header); !r) return fail(r.error());
     auto head = s.port->scratch->sge(layout_.head_slot(i, 0), frame_pairing_ ? frame_bytes : layout_.slot_bytes);
     if (!head) return fail(head.error());
     if (auto r = links_[i].qp().recv(head_id, *head); !r) return fail(r.error());
