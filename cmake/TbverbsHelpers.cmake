@@ -77,7 +77,8 @@ set(TBVERBS_EMU_QUIRK_VALUES
     empty_rq=wait empty_rq=drop empty_rq=kill
     macos=26.3 macos=26.2
     mr_access=any mr_access=local_write_only mr_access=remote_required
-    completion_channels=off completion_channels=on)
+    completion_channels=off completion_channels=on
+    post_limit=granted post_limit=63)
 
 # The environment an UNinstrumented program (a Debian tool, a program built by a plain `c++`)
 # needs to load this build's emulator: in an AddressSanitizer build, the sanitizer runtimes
