@@ -419,6 +419,10 @@ int run(Options o, bool server, int sock) {
   {
     const std::uint32_t room = std::min(granted.max_send_wr, granted.max_recv_wr);
     flow.depth = room > kMaxAckSlots ? std::min(kMaxDepth, (room - kMaxAckSlots) / cost(o.bw_size)) : 0;
+    // Apple's driver was seen to take at most 63 requests posted per queue, whatever it granted
+    // (hellas-ai/thunderbolt-ibverbs PR #41): data and acks together stay within that too.
+    if (ctx.platform() == tbverbs::Platform::apple)
+      flow.depth = std::min(flow.depth, tbverbs::apple_max_posted_requests - kMaxAckSlots);
     if (flow.depth == 0 || cost(o.size) > room)
       die("the driver granted only " + std::to_string(granted.max_send_wr) + " send / " +
           std::to_string(granted.max_recv_wr) + (frames ? " receive frames" : " receive work requests") +
