@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tbverbs' demo (the README's first command): on a fresh Debian 12 machine (as root, or a user
-# with sudo) it installs what the build needs, builds tbverbs' emulated Thunderbolt fabric and the
-# ring all_sum example in Release, and runs a verified 4-rank all_sum on an emulated ring of four
+# with sudo) it installs what the build needs, builds tbverbs' emulated Thunderbolt fabric (with
+# tbverbs-emu) and the ring all_sum example in Release, and runs a verified 4-rank all_sum on an emulated ring of four
 # Macs, printing the result check and the bandwidth.
 #
 #   tools/demo.sh                 # 4 ranks, 64 MiB of float32 per rank
@@ -37,8 +37,9 @@ if [ -z "$build" ]; then
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
   cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTBVERBS_BUILD_TESTS=OFF >/dev/null
 fi
-# Only what the demo runs: the emulated verbs library and the example (not the test suite).
-cmake --build "$build" --parallel "$jobs" --target ring_all_sum tbverbs_emu
+# Only what the demo runs: the emulated verbs library, its launcher and control CLI tbverbs-emu
+# (ring_all_sum --local execs `tbverbs-emu run`), and the example (not the test suite).
+cmake --build "$build" --parallel "$jobs" --target ring_all_sum tbverbs_emu tbverbs-emu
 ring="$build/examples/ring_all_sum/ring_all_sum"
 if [ ! -x "$ring" ]; then
   echo "demo: $ring was not built (CLI11 or nlohmann/json missing? run tools/install-deps.sh)" >&2
@@ -57,6 +58,7 @@ if [ "$rc" -eq 0 ] && grep -q '# Wrong elements       : 0 OK' "$build/demo.log";
   grep -E '^\[rank 0\] +(#|[0-9])' "$build/demo.log" | sed 's/^\[rank 0\] //'
   echo "demo: every rank checked its result against the closed-form sum: VERIFIED ($ranks ranks)"
   echo "demo: run it yourself: $ring --local $ranks --size 64M --dtype all --place both"
+  echo "demo: run your own program on $ranks emulated ranks: $build/emulator/bin/tbverbs-emu run -n $ranks -- ./my_program"
 else
   echo "demo: FAILED (exit $rc); see the lines above" >&2
   exit 1

@@ -1,7 +1,9 @@
-// tbverbs-emu: control CLI for the emulated verbs fabric.
+// tbverbs-emu: the emulated verbs fabric's command line.
 //
-// Changes the shared run-time state of a fabric (addresses, port state, faults)
+// Runs N ranks of a program on a fabric made for the run (`run`, run_job.hpp), writes fabrics
+// (`fabric`), changes the shared run-time state of a fabric (addresses, port state, faults)
 // through the C control API, and can act as an orphaned QP holder.
+#include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "run_job.hpp"
 #include "tbverbs_emu/control.h"
 #include "trace_timeline.hpp"
 
@@ -35,21 +38,46 @@ const ErrnoName kErrnos[] = {
     {"ECONNREFUSED", ECONNREFUSED}, {"EHOSTUNREACH", EHOSTUNREACH}, {"ECONNRESET", ECONNRESET},
 };
 
+// The largest errno a system call returns on Linux (MAX_ERRNO in include/linux/err.h).
+constexpr int kMaxErrno = 4095;
+
 int parse_errno(const std::string& s) {
   for (const auto& e : kErrnos)
     if (s == e.name) return e.value;
   try {
     size_t used = 0;
     int v = std::stoi(s, &used);
-    if (used == s.size() && v > 0) return v;
+    if (used == s.size() && v > 0 && v <= kMaxErrno) return v;
+    if (used == s.size())
+      throw CLI::ValidationError("--errno", s + " is not an errno (1.." + std::to_string(kMaxErrno) + ", or a name like EBUSY)");
+  } catch (const CLI::ValidationError&) {
+    throw;
   } catch (...) {
   }
   throw CLI::ValidationError("--errno", "unknown errno \"" + s + "\" (use a name like EBUSY or a number)");
 }
 
+// Text that may hold bytes of a file or another process (a fabric file's JSON error quotes it),
+// with control characters escaped: printed, it cannot move the terminal's cursor or forge a line.
+std::string printable(const std::string& text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 int check(int rc) {
   if (rc != 0) {
-    std::fprintf(stderr, "tbverbs-emu: %s (%s)\n", tbemu_last_error(), std::strerror(rc));
+    std::fprintf(stderr, "tbverbs-emu: %s (%s)\n", printable(tbemu_last_error()).c_str(), std::strerror(rc));
     return 1;
   }
   return 0;
@@ -62,6 +90,15 @@ void on_signal(int) { g_stop = 1; }
 // `seconds` pass: the "orphaned runner still holding the QPs" of the field reports.
 int hold_qps(const std::string& fabric, const std::string& host, const std::string& device, int n, int seconds,
              bool daemonize, const std::string& pidfile) {
+  // The pid file is written once the QPs are held; a path it cannot be written to is refused
+  // before anything is held (a caller that waits for it would wait for ever).
+  if (!pidfile.empty()) {
+    std::ofstream probe(pidfile, std::ios::app);
+    if (!probe) {
+      std::fprintf(stderr, "tbverbs-emu: --pidfile %s: cannot be written (%s)\n", printable(pidfile).c_str(), std::strerror(errno));
+      return 2;
+    }
+  }
   if (!fabric.empty()) setenv("TBVERBS_EMU_FABRIC", fabric.c_str(), 1);
   setenv("TBVERBS_EMU_HOST", host.c_str(), 1);
   int ready[2] = {-1, -1};
@@ -127,7 +164,14 @@ int hold_qps(const std::string& fabric, const std::string& host, const std::stri
     }
     qps.push_back(q);
   }
-  if (!pidfile.empty()) std::ofstream(pidfile) << getpid() << "\n";
+  if (!pidfile.empty()) {
+    std::ofstream out(pidfile);
+    out << getpid() << "\n";
+    if (!out.flush()) {
+      say("error: --pidfile " + pidfile + ": the write failed\n");
+      return 1;
+    }
+  }
   say("holding " + std::to_string(n) + " QPs on " + host + ":" + device + " pid " + std::to_string(getpid()) + "\n");
   if (daemonize) {
     // Detach from the terminal/ctest pipes so the caller is not kept waiting.
@@ -145,6 +189,57 @@ int hold_qps(const std::string& fabric, const std::string& host, const std::stri
   ibv_close_device(ctx);
   ibv_free_device_list(list);
   if (!pidfile.empty()) unlink(pidfile.c_str());
+  return 0;
+}
+
+// The fabric options `run` and `fabric` share.
+void add_fabric_options(CLI::App* sub, emu_cli::FabricSpec& f) {
+  sub->add_option("-n,--ranks", f.hosts, "number of ranks (hosts), 2..64")->required();
+  sub->add_option("--profile", f.profile,
+                  "the emulated NICs: thunderbolt (Apple's driver), usb4-rdma (Linux Thunderbolt), rdma-core-rc, "
+                  "rdma-core-roce or rdma-core-ib; a comma-separated list gives the hosts its profiles in turn")
+      ->capture_default_str();
+  sub->add_option("--cables", f.cables, "cables between ring neighbours, 1..16")->capture_default_str();
+  sub->add_flag("--mesh", f.mesh, "a cable between every pair of hosts instead of a ring");
+  sub->add_option("--quirk", f.quirks, "a contested reading of Apple's driver to play, NAME=VALUE (repeatable; docs/emulator.md)")
+      ->allow_extra_args(false); // one value per --quirk: the next word is not a quirk
+  sub->add_option("--link-gbps", f.link.gbytes_per_s, "pace every cable direction at this bandwidth (GB/s; 0: unpaced)");
+  sub->add_option("--link-latency-us", f.link.latency_us, "and deliver each message this many us later");
+}
+
+// The emulated verbs library this program runs on (it links it): the ranks load the same one.
+std::string own_emu_library() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&tbemu_describe), &info) != 0 && info.dli_fname != nullptr) {
+    char resolved[4096];
+    if (::realpath(info.dli_fname, resolved) != nullptr) return resolved;
+    return info.dli_fname;
+  }
+  return "";
+}
+
+// `fabric`: writes the fabric file (and the device file) of `f`.
+int write_fabric(const emu_cli::FabricSpec& f, const std::string& out, const std::string& devices) {
+  if (const std::string why = emu_cli::refused(f); !why.empty()) {
+    std::fprintf(stderr, "tbverbs-emu fabric: %s\n", why.c_str());
+    return 2;
+  }
+  std::ofstream fo(out);
+  fo << emu_cli::fabric_of(f).dump(2) << "\n";
+  if (!fo.flush()) {
+    std::fprintf(stderr, "tbverbs-emu fabric: %s: cannot be written (%s)\n", printable(out).c_str(), std::strerror(errno));
+    return 1;
+  }
+  std::printf("wrote the fabric of a %d-host %s to %s\n", f.hosts, f.mesh ? "mesh" : "ring", out.c_str());
+  if (!devices.empty()) {
+    std::ofstream d(devices);
+    d << emu_cli::devices_of(f).dump() << "\n";
+    if (!d.flush()) {
+      std::fprintf(stderr, "tbverbs-emu fabric: %s: cannot be written (%s)\n", printable(devices).c_str(), std::strerror(errno));
+      return 1;
+    }
+    std::printf("wrote its device file to %s\n", devices.c_str());
+  }
   return 0;
 }
 
@@ -168,7 +263,8 @@ int main(int argc, char** argv) {
   gc->add_flag("--dry-run", dry_run, "only list what would be removed");
   std::string gc_under;
   gc->add_option("--fabrics-under", gc_under,
-                 "also remove the state of fabric files under this directory (they stay; their user is done)");
+                 "also remove the state of fabric files under this directory (they stay; their user is done)")
+      ->check(CLI::ExistingDirectory);
 
   std::string host, device, cidr;
   int port = 1;
@@ -266,12 +362,50 @@ int main(int argc, char** argv) {
   hold->add_flag("--daemon", daemonize, "detach (double fork) so the holder is an orphan of init");
   hold->add_option("--pidfile", pidfile, "write the holder's pid here");
 
+  emu_cli::RunOptions ro;
+  long grace_ms = 5000, fault_after_ms = 0;
+  int kill_rank = -1, stop_rank = -1;
+  auto* run = app.add_subcommand(
+      "run", "Run N ranks of a program on an emulated fabric made for the run: tbverbs-emu run -n 3 -- ./my_program ARGS");
+  add_fabric_options(run, ro.spec);
+  run->add_option("--emu-library", ro.emu_library, "the emulated verbs library the ranks load (default: this program's)");
+  run->add_flag("--no-device-file", ro.no_device_file, "give the ranks no device file: they discover the cables from the subnets");
+  run->add_option("--grace-ms", grace_ms, "after the first rank fails, how long the others may take to stop (default 5000)")
+      ->check(CLI::Range(0L, 3600000L));
+  auto* o_kill = run->add_option("--kill-rank", kill_rank, "SIGKILL this rank during the run (a failure test)")->check(CLI::Range(0, 63));
+  auto* o_stop = run->add_option("--stop-rank", stop_rank, "SIGSTOP this rank during the run (alive but silent)")->check(CLI::Range(0, 63));
+  o_kill->excludes(o_stop);
+  run->add_option("--kill-after", fault_after_ms, "ms after the start (or after --kill-after-line) to fire it")
+      ->check(CLI::Range(0L, 3600000L));
+  run->add_option("--kill-after-line", ro.fault_after_line,
+                  "fire it once a rank printed a line containing this text (the job says it is running)");
+  run->add_flag("--keep", ro.keep, "keep the temporary directory (fabric, device file, state)");
+  run->add_flag("-q,--quiet", ro.quiet, "no set-up line of the launcher's own");
+  run->add_option("program", ro.program, "PROGRAM ARGS... (after --)")->required();
+
+  emu_cli::FabricSpec fspec;
+  std::string fabric_out, devices_out;
+  auto* fabric_cmd = app.add_subcommand("fabric", "Write the fabric file of N emulated hosts (and its device file)");
+  add_fabric_options(fabric_cmd, fspec);
+  fabric_cmd->add_option("-o,--out", fabric_out, "the fabric file to write")->required();
+  fabric_cmd->add_option("--devices", devices_out, "also write the JACCL-style device file here");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as the other commands' own
   }
 
+  if (*run) {
+    ro.fabric = fabric;
+    if (ro.emu_library.empty()) ro.emu_library = own_emu_library();
+    ro.grace = std::chrono::milliseconds(grace_ms);
+    ro.fault_rank = kill_rank >= 0 ? kill_rank : stop_rank;
+    ro.stop = stop_rank >= 0;
+    ro.fault_after = std::chrono::milliseconds(fault_after_ms);
+    return emu_cli::run_job(ro);
+  }
+  if (*fabric_cmd) return write_fabric(fspec, fabric_out, devices_out);
   if (*show) {
     const char* s = tbemu_describe(fab());
     if (!s) return check(EINVAL);

@@ -4,7 +4,7 @@
 // received at step s - 1 (its own at step 0), and receives block (r - s - 1) mod n from its left
 // neighbour straight into its final place: no scratch, no copies.
 //
-//   all_gather --local N [--bytes B]   N ranks of itself on the emulated fabric (ring_all_sum's launcher)
+//   all_gather --local N [--bytes B]   N ranks of itself on the emulated fabric (tbverbs-emu run)
 //   all_gather [--bytes B]             one rank from a launcher's environment: JACCL_RANK (or RANK, ...),
 //                                      JACCL_COORDINATOR (or MASTER_ADDR/PORT), JACCL_IBV_DEVICES
 // The collectives layer (tbverbs/collective.hpp) has a tuned all_gather; this shows how one is made.
@@ -61,7 +61,10 @@ int run_rank(std::size_t bytes) {
   sco.size = n;
   sco.coordinator = job->coordinator;
   const char* job_id = std::getenv("TBVERBS_JOB_ID");
-  sco.job_token = side_channel_token("tbverbs all_gather " + job->coordinator + (job_id ? job_id : ""));
+  auto token = job_token_from_env("tbverbs all_gather " + job->coordinator + (job_id ? job_id : "")); // TBVERBS_JOB_SECRET
+  if (!token) return fail_with(rank, "the job's secret", token.error());
+  sco.job_token = token->token;
+  sco.secret_token = token->secret;
   auto sc = SideChannel::connect(sco);
   if (!sc) return fail_with(rank, "side-channel rendezvous", sc.error());
 
@@ -188,8 +191,6 @@ int main(int argc, char** argv) {
   if (local == 0) return run_rank(bytes);
   ring::LocalOptions lo;
   lo.ranks = local;
-  lo.self = "/proc/self/exe";
   lo.args = {"--bytes", std::to_string(bytes)};
-  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
   return ring::run_local(lo);
 }

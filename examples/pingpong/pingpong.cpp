@@ -34,7 +34,7 @@
 // The two processes find each other over a plain TCP connection (the "bootstrap"): it carries
 // the queue pairs' endpoints (QP number, PSN, GID) and a few one-byte "I am ready" barriers.
 // RDMA itself needs that out-of-band exchange; real programs use their launcher's channel.
-#include "../../tools/common/cli_args.hpp"
+#include <tbverbs/sizes.hpp>
 
 #include <tbverbs/explain.hpp>
 #include <tbverbs/tbverbs.hpp>
@@ -73,6 +73,23 @@
 #endif
 
 namespace {
+
+// Sizes as every example and tool takes them (the library's parser): "4096", "64K", "16M".
+constexpr std::size_t kMaxSizeArg = std::size_t{1} << 40;
+std::optional<std::size_t> parse_size_arg(const std::string& v) {
+  const auto n = tbverbs::parse_size(v, kMaxSizeArg);
+  return n ? std::optional<std::size_t>(static_cast<std::size_t>(*n)) : std::nullopt;
+}
+// A CLI11 check for a size option: above zero, at most kMaxSizeArg.
+CLI::Validator size_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        const auto n = parse_size_arg(v);
+        if (!n) return "not a size like 4096, 64K, 16M or 1G (K, M and G are 1024-based), at most " + std::to_string(kMaxSizeArg) + " bytes";
+        return *n == 0 ? std::string("must be above zero") : std::string();
+      },
+      "SIZE");
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -721,14 +738,18 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"thunderbolt", "rdma-core-rc"}))
       ->capture_default_str();
   // Sizes as the ring takes them (tools/common/size_arg.hpp): 4096, 64K, 16M.
-  app.add_option("--size", size, "latency message size")->check(cli::size_validator())->capture_default_str();
+  app.add_option("--size", size, "latency message size")->check(size_validator())->capture_default_str();
   app.add_option("--bw-size", bw_size, "bandwidth message size (default: one 4 KiB frame on Apple's driver, 16K elsewhere)")
-      ->check(cli::size_validator());
+      ->check(size_validator());
   app.add_option("--iters", o.iters, "latency round trips")->check(CLI::Range(1, 1000000000))->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "ms: the bound of every wait")->check(CLI::Range(1, 86400000))->capture_default_str();
   app.add_flag("--events", o.events, "ask for a completion channel so waits sleep on it");
   app.add_flag("--explain", o.explain, "print every QP attribute with why (TBVERBS_EXPLAIN=1)");
-  if (const int rc = cli::parse_args(app, argc, argv); rc >= 0) return rc;  // --help is 0; a usage error is 2
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2; // --help is 0; a usage error is 2
+  }
   if ((server ? 1 : 0) + (local ? 1 : 0) + (connect.empty() ? 0 : 1) != 1) {
     std::fprintf(stderr, "pingpong: give exactly one of --server, --connect HOST:PORT or --local (see --help)\n");
     return 2;
@@ -744,8 +765,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pingpong: --profile applies to --local only (the emulated fabric's hardware)\n");
     return 2;
   }
-  o.size = *cli::parse_size(size);
-  if (!bw_size.empty()) o.bw_size = *cli::parse_size(bw_size);
+  o.size = *parse_size_arg(size);
+  if (!bw_size.empty()) o.bw_size = *parse_size_arg(bw_size);
   if (server) o.mode = Options::Mode::server;
   if (local) o.mode = Options::Mode::local;
   if (!connect.empty()) {

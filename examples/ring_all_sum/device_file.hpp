@@ -3,7 +3,7 @@
 // functions, so fuzz/fuzz_ring_config.cpp can feed them anything.
 #pragma once
 
-#include "../../tools/common/size_arg.hpp"
+#include <tbverbs/sizes.hpp>
 
 #include <tbverbs/collective/device_file.hpp>
 
@@ -21,8 +21,11 @@ namespace ring {
 constexpr std::size_t kMaxBytes = std::size_t{1} << 40;
 
 // "64M", "4K", "1G", "123" (bytes); nullopt for anything else or above kMaxBytes. The parser
-// every example and tool shares (tools/common/size_arg.hpp).
-inline std::optional<std::size_t> parse_size(const std::string& s) { return cli::parse_size(s, kMaxBytes); }
+// every example and tool shares (the library's tbverbs::parse_size).
+inline std::optional<std::size_t> parse_size(const std::string& s) {
+  const auto v = tbverbs::parse_size(s, kMaxBytes);
+  return v ? std::optional<std::size_t>(static_cast<std::size_t>(*v)) : std::nullopt;
+}
 
 // A rank number from the environment: digits only ("one" is not rank 0).
 std::optional<int> parse_rank(const std::string& s) {

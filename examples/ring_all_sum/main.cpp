@@ -10,14 +10,12 @@
 // Everything that moves data is tbverbs::Communicator (tbverbs/collective.hpp); this file reads the
 // options, fills and checks the buffers, times the calls and prints the table. launcher.hpp is the
 // --local launcher (N ranks of this program on an emulated fabric).
-#include "../../tools/common/launcher_env.hpp"
 #include "device_file.hpp"
 #include "launcher.hpp"
 
 #include <tbverbs/collective.hpp>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -211,6 +209,7 @@ struct Options {
   int cables = 1;
   bool mesh = false;
   int kill_rank = -1, stop_rank = -1, kill_after_ms = 1000;
+  std::string kill_after_line;
 };
 
 int fail_rank(int rank, const std::string& where, const tbverbs::Error& e) {
@@ -239,7 +238,7 @@ int run_rank(const Options& o) {
   // Who am I, where is the coordinator, how many ranks, which devices: flags first, then the
   // launchers' variables (tbverbs/collective/launcher.hpp: mlx.launch, torchrun, Open MPI, PMI, Slurm).
   std::string launcher_problem;
-  const auto job = cli::launcher_job(launcher_problem);
+  const auto job = tbverbs::launcher_job(launcher_problem);
   if (!job) {
     std::fprintf(stderr, "ring_all_sum: FAILED during configuration: %s\n", launcher_problem.c_str());
     return 2;
@@ -255,9 +254,9 @@ int run_rank(const Options& o) {
     else std::fprintf(stderr, "rank %d: FAILED during configuration: %s\n", rank, what.c_str());
     return 2;
   };
-  if (rank < 0) return config_error(std::string("no rank: pass --rank or set ") + cli::kRankVariables + "; or run --local N");
+  if (rank < 0) return config_error(std::string("no rank: pass --rank or set ") + tbverbs::launcher_rank_variables + "; or run --local N");
   if (coordinator.empty())
-    return config_error(std::string("no coordinator: pass --coordinator host:port or set ") + cli::kCoordinatorVariables +
+    return config_error(std::string("no coordinator: pass --coordinator host:port or set ") + tbverbs::launcher_coordinator_variables +
                         (job->launcher.empty() ? std::string() : " (" + job->launcher + " gave the rank, not the coordinator)"));
 
   tbverbs::CommunicatorOptions co;
@@ -338,11 +337,17 @@ int run_rank(const Options& o) {
   if (o.root < 0 || o.root >= n) return config_error("--root " + std::to_string(o.root) + " is not a rank of 0.." + std::to_string(n - 1));
   co.timeout = std::chrono::milliseconds(o.timeout_ms);
   co.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
-  // The job token: from the launcher's job id when there is one (--local passes a random one), so
-  // two jobs that happen to use the same coordinator port refuse each other instead of joining
-  // (issue 9); otherwise from the coordinator address, the same on every rank.
-  const std::string job_id = env_of({"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID"}).value_or("");
-  co.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator + " " + job_id);
+  // The job token: from the job's secret (TBVERBS_JOB_SECRET or _FILE; --local makes one), so only
+  // ranks given it can join; without one, from the launcher's job id and the coordinator address
+  // (two jobs on one port refuse each other; anyone who can reach the port can compute it, and
+  // the side channel says so once).
+  auto secret = tbverbs::job_secret_from_env();
+  if (!secret) return config_error(std::string(secret.error().detail.view()));
+  co.job_secret = *secret;
+  if (co.job_secret.empty()) {
+    const std::string job_id = env_of({"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID"}).value_or("");
+    co.job_token = tbverbs::side_channel_token("tbverbs ring_all_sum " + coordinator + " " + job_id);
+  }
   auto log = [&o, rank](const std::string& s) {
     if (!o.quiet) std::printf("rank %d: %s\n", rank, s.c_str());
     std::fflush(stdout);
@@ -422,7 +427,14 @@ int run_rank(const Options& o) {
   };
   std::size_t max_bytes = 0;
   for (DType t : types)
-    for (std::size_t s : sizes) max_bytes = std::max(max_bytes, elements(s, t) * tbverbs::dtype_size(t));
+    for (std::size_t s : sizes) {
+      const std::size_t run = elements(s, t) * tbverbs::dtype_size(t);
+      max_bytes = std::max(max_bytes, run);
+      // A size the run cannot take as it is: said, never rounded in silence.
+      if (!by_count && run != s && rank == 0)
+        std::printf("# note: --size %zu runs %zu bytes of %s (whole elements%s)\n", s, run,
+                    std::string(tbverbs::dtype_name(t)).c_str(), blocks ? ", and blocks of the same number on every rank" : "");
+    }
 
   // The communicator: side-channel rendezvous, devices, links verified, credits posted.
   auto comm = tbverbs::Communicator::connect(co);
@@ -625,6 +637,15 @@ int run_rank(const Options& o) {
   return exit_code;
 }
 
+// Options that each parse but together cannot be honoured: the reason, or "". Refused before
+// anything runs (a run that silently ignored one would not be the run asked for).
+std::string refused_combination(const CLI::App& app, const Options& o) {
+  if (app.count("--root") > 0 && o.collective != "broadcast")
+    return "--root applies to --collective broadcast (" + o.collective + " has no root)";
+  if (o.kill_rank >= 0 && o.stop_rank >= 0) return "--kill-rank and --stop-rank: give one (the launcher fails one rank per run)";
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -701,80 +722,52 @@ int main(int argc, char** argv) {
                  "(mlx5: RoCE v1 and v2 entries per address) or rdma-core-ib (InfiniBand: LIDs, no IPv4 GIDs); a "
                  "comma-separated list gives the hosts its profiles in turn (thunderbolt,usb4-rdma: Macs and Linux "
                  "hosts alternate); see docs/rdma-core.md and docs/thunderbolt.md")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            const auto& k = ring::known_profiles();
-            for (const auto& one : ring::profile_list(v))
-              if (std::find(k.begin(), k.end(), one) == k.end())
-                return "unknown profile \"" + one + "\" (thunderbolt, usb4-rdma, rdma-core-rc, rdma-core-roce, rdma-core-ib)";
-            return std::string();
-          },
-          "PROFILE[,PROFILE...]"))
-      ->capture_default_str();
+      ->capture_default_str(); // checked by tbverbs-emu run
   const CLI::Validator local_rank([&o](std::string& v) { return o.local < 1 ? std::string("applies to --local N only") : std::strtol(v.c_str(), nullptr, 10) < o.local ? std::string() : "must be a rank of --local " + std::to_string(o.local) + ": 0.." + std::to_string(o.local - 1); }, "RANK");  // --local is parsed first
   app.add_option("--kill-rank", o.kill_rank, "--local: SIGKILL this rank during the run (failure test)")->check(CLI::Range(0, 63))->check(local_rank);
   app.add_option("--stop-rank", o.stop_rank, "--local: SIGSTOP this rank during the run (alive but silent)")->check(CLI::Range(0, 63))->check(local_rank);
-  app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start for --kill-rank or --stop-rank")
+  app.add_option("--kill-after-line", o.kill_after_line,
+                 "--local: count --kill-after from the first line a rank prints that contains this text "
+                 "(\"# all_sum over\": rank 0's table header, once the ring is set up), not from the start");
+  app.add_option("--kill-after", o.kill_after_ms, "--local: ms after the start (or --kill-after-line) for --kill-rank or --stop-rank")
       ->check(CLI::Range(0, 3600000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (const std::string why = refused_combination(app, o); !why.empty()) {
+    std::fprintf(stderr, "%s\n", why.c_str());
+    return 2;
+  }
 
-  if (o.local > 0) {
-    if (o.mesh && o.cables != 1) {
-      std::fprintf(stderr, "--mesh has one cable between every pair of hosts: no --cables\n");
-      return 2;
-    }
-    if (o.cables < 1 || o.cables > 16) {
-      std::fprintf(stderr, "--cables must be 1..16\n");
-      return 2;
-    }
-    if (!(o.link_gbps >= 0 && o.link_gbps <= 1e4) || !(o.link_latency_us >= 0 && o.link_latency_us <= 1e7)) {
-      std::fprintf(stderr, "--link-gbps must be 0..10000 GB/s and --link-latency-us 0..10000000\n");
-      return 2;
-    }
-    const ring::LinkModel link{o.link_gbps, o.link_latency_us};
-    if (!o.write_fabric.empty()) {
-      std::ofstream(o.write_fabric) << (o.mesh ? ring::mesh_fabric(o.local, o.quirks, o.profile, link)
-                                               : ring::ring_fabric(o.local, o.cables, o.quirks, o.profile, link))
-                                            .dump(2)
-                                     << "\n";
-      std::printf("wrote the fabric of a %d-host ring to %s\n", o.local, o.write_fabric.c_str());
-      return 0;
-    }
+  if (o.local > 0) { // this process becomes `tbverbs-emu run` (launcher.hpp), which checks the fabric options
     ring::LocalOptions lo;
     lo.ranks = o.local;
-    char self[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
     lo.emu_library = o.emu_library;
-    if (lo.emu_library.empty()) {
-      std::fprintf(stderr, "--local needs the emulated verbs library: pass --emu-library PATH\n");
-      return 2;
-    }
     lo.fabric = o.fabric;
     lo.timeout = std::chrono::milliseconds(o.timeout_ms);
     lo.kill_rank = o.stop_rank >= 0 ? o.stop_rank : o.kill_rank;
     lo.stop = o.stop_rank >= 0;
     lo.kill_after = std::chrono::milliseconds(o.kill_after_ms);
+    lo.kill_after_line = o.kill_after_line;
     lo.keep = o.keep;
     lo.cables = o.cables;
     lo.quirks = o.quirks;
     lo.profile = o.profile;
     lo.no_device_file = o.no_device_file;
-    lo.link = link;
+    lo.link = ring::LinkModel{o.link_gbps, o.link_latency_us};
     lo.mesh = o.mesh;
+    if (!o.write_fabric.empty()) return ring::write_fabric(lo, o.write_fabric);
     // The ranks get every argument except the launcher's own.
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto takes_value = [&](const char* name) { return a == name; };
       if (takes_value("--local") || takes_value("--fabric") || takes_value("--kill-rank") || takes_value("--stop-rank") ||
-          takes_value("--kill-after") || takes_value("--emu-library") || takes_value("--write-fabric") ||
+          takes_value("--kill-after") || takes_value("--kill-after-line") || takes_value("--emu-library") || takes_value("--write-fabric") ||
           takes_value("--quirk") || takes_value("--cables") || takes_value("--profile") || takes_value("--link-gbps") ||
           takes_value("--link-latency-us")) {
         ++i;
         continue;
       }
       if (a == "--keep" || a == "--mesh" || a.rfind("--local=", 0) == 0 || a.rfind("--fabric=", 0) == 0 ||
-          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
+          a.rfind("--kill-rank=", 0) == 0 || a.rfind("--stop-rank=", 0) == 0 || a.rfind("--kill-after=", 0) == 0 || a.rfind("--kill-after-line=", 0) == 0 || a.rfind("--emu-library=", 0) == 0 ||
           a.rfind("--quirk=", 0) == 0 || a.rfind("--cables=", 0) == 0 || a.rfind("--profile=", 0) == 0 ||
           a.rfind("--link-gbps=", 0) == 0 || a.rfind("--link-latency-us=", 0) == 0)
         continue;

@@ -42,6 +42,7 @@ struct Job {
   std::string left_device;  // the device cabled to rank - 1 (the first cable, if there are several)
   std::string right_device; // the device cabled to rank + 1
   std::uint64_t token = 0;  // the same on every rank of one job: a stray process is refused
+  bool secret_token = false; // made from the job's secret (TBVERBS_JOB_SECRET): nobody else can compute it
 
   // The side channel: a TCP connection from every rank to rank 0, for the few bytes RDMA needs
   // before it can run (the queue pairs' addresses) and for "I am ready" barriers.
@@ -51,6 +52,7 @@ struct Job {
     o.size = size;
     o.coordinator = coordinator;
     o.job_token = token;
+    o.secret_token = secret_token;
     return o;
   }
 
@@ -79,7 +81,13 @@ struct Job {
     j.left_device = cables->left[0];
     j.right_device = cables->right[0];
     const char* id = std::getenv("TBVERBS_JOB_ID");
-    j.token = tbverbs::side_channel_token("tbverbs tutorial " + j.coordinator + (id ? id : ""));
+    auto token = tbverbs::job_token_from_env("tbverbs tutorial " + j.coordinator + (id ? id : ""));
+    if (!token) {
+      std::cerr << token.error() << "\n";
+      return std::nullopt;
+    }
+    j.token = token->token;
+    j.secret_token = token->secret;
     return j;
   }
 };
@@ -97,7 +105,6 @@ inline int run_local(int ranks, std::vector<std::string> args, const std::string
   }
   ring::LocalOptions o;
   o.ranks = ranks;
-  o.self = "/proc/self/exe";
   o.args = std::move(args);
   o.emu_library = TBVERBS_TUTORIAL_EMU_LIBRARY; // the emulator of this build (examples/tutorial/CMakeLists.txt)
   o.profile = profile;

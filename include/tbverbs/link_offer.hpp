@@ -7,6 +7,7 @@
 
 #include "config.hpp"
 #include "context.hpp"
+#include "detail/printable.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "message_size.hpp"
@@ -150,6 +151,7 @@ struct LinkOffer {
     char name[33] = {};
     for (std::size_t i = 0; i < 32; ++i) name[i] = static_cast<char>(p[28 + i]);
     o.device.assign(std::string_view(name));
+    if (detail::has_control(o.device.view())) return bad("a device name with control characters"); // a peer's words are data
     return o;
   }
 };

@@ -34,10 +34,14 @@ enum class Notice : std::uint8_t {
   /// frames are not readable: no CAP_SYS_ADMIN on Linux, or macOS), so every buffer is
   /// registered for one call and deregistered after it instead of being kept.
   registration_per_call = 2,
+  /// A side channel whose job token was not made from a job secret (job_secret.hpp): any process
+  /// that can reach the coordinator's port can compute the token, join the rendezvous or abort
+  /// the job.
+  no_job_secret = 3,
 };
 
 /// The number of Notice values.
-inline constexpr std::size_t notice_count = 3;
+inline constexpr std::size_t notice_count = 4;
 
 /// The fallback a notice announces, in words ("completion waits poll instead of sleeping on a
 /// channel").
@@ -47,6 +51,9 @@ constexpr std::string_view notice_fallback(Notice n) noexcept {
     return "completion waits poll instead of sleeping on a completion channel";
   case Notice::stale_registration:
     return "collectives on memory at that address are staged (copied) until its MemoryRegistration goes: register the new buffer";
+  case Notice::no_job_secret:
+    return "its side channel accepts any process that can reach that port: give every rank the same "
+           "TBVERBS_JOB_SECRET (the --local launchers and tbverbs-emu run make one)";
   case Notice::registration_per_call:
     return "Memory::registered registers each buffer for one call (the page frames that would prove a kept registration "
            "still fits its memory are not readable here)";

@@ -13,6 +13,8 @@
 #include "detail/socket.hpp"
 #include "error.hpp"
 #include "host_port.hpp"
+#include "job_secret.hpp"
+#include "notice.hpp"
 #include "result.hpp"
 
 #include <algorithm>
@@ -51,17 +53,18 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// A 64-bit job token derived from any text (FNV-1a), e.g. a launcher's job id or an environment
-/// variable, so that every rank of one job computes the same token and a stray rank of another
-/// job is refused.
-constexpr std::uint64_t side_channel_token(std::string_view text) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (char ch : text) {
-    h ^= static_cast<unsigned char>(ch);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+/// A 64-bit job token derived from any text (FNV-1a), e.g. a launcher's job id: job_token(text)
+/// without a secret. Anyone who knows the text can compute it; job_token(name, secret) cannot be
+/// computed without the job's secret (job_secret.hpp).
+constexpr std::uint64_t side_channel_token(std::string_view text) noexcept { return job_token(text); }
+
+/// What a rank leaving the job had done, as it tells one peer (SideChannel::announce_leaving): a
+/// peer still finishing one of these calls knows the rank finished it and is not missing from it.
+struct LeavingCounts {
+  std::uint64_t collectives = 0;        ///< collective calls it made (all of them finished)
+  std::uint64_t sent_to_peer = 0;       ///< its sends to that peer
+  std::uint64_t received_from_peer = 0; ///< its receives from that peer
+};
 
 /// How a SideChannel finds its peers and how long it waits.
 struct SideChannelOptions {
@@ -72,6 +75,10 @@ struct SideChannelOptions {
   /// connect there.
   std::string coordinator;
   std::uint64_t job_token = 0; ///< Same on every rank of a job; frames with another token are refused.
+  /// True when job_token comes from the job's secret (job_token(name, secret)) or another value
+  /// only the job's ranks have (a framework's Store). When false, connect() says once per process
+  /// that the side channel accepts any process that can reach the coordinator (Notice::no_job_secret).
+  bool secret_token = false;
   /// Default bound of every wait: connect() as a whole, and each all_gather, barrier, send_to and
   /// recv_from called without an explicit deadline.
   std::chrono::milliseconds timeout{30000};
@@ -115,12 +122,51 @@ inline constexpr std::size_t max_recv_chunk = std::size_t{1} << 20;
 /// scanners, a rank of another job, retries); beyond them the oldest silent one is closed.
 inline constexpr std::size_t max_strangers_extra = 8;
 
+/// Who may send which frame, from where the receiving rank stands: `me` (its rank) and whether
+/// its rendezvous is over. A frame sent by a rank that may not send it is refused as it arrives,
+/// naming the sender, the frame and why, instead of waiting until a deadline blames someone.
+struct FrameRules {
+  int me = 0;                   ///< The receiving rank.
+  bool rendezvous_done = false; ///< connect() returned: hello and welcome are over.
+};
+
+/// Why a frame of `type` from rank `sender` is refused under `rules`, or nullopt when it is not:
+/// welcome and the collectives' answers (gather_out, barrier_out) only come from rank 0, their
+/// requests (gather_in, barrier_in) only go to it, a hello is only a connection's first frame,
+/// welcome ends with the rendezvous. Data, abort and leaving frames may come from any rank.
+inline std::optional<std::string> refused(const FrameRules& rules, FrameType type, int sender) {
+  const std::string who = "rank " + std::to_string(sender);
+  const std::string t(type_name(type));
+  switch (type) {
+  case FrameType::hello: return who + " sent a second hello (a rank says hello once, as its connection's first frame)";
+  case FrameType::welcome:
+    if (sender != 0) return who + " sent welcome, which only rank 0 sends";
+    if (rules.me == 0) return "a welcome came to rank 0, which sends it";
+    if (rules.rendezvous_done) return "rank 0 sent welcome after the rendezvous was over";
+    return std::nullopt;
+  case FrameType::gather_in:
+  case FrameType::barrier_in:
+    if (rules.me != 0) return who + " sent its " + t + " contribution to rank " + std::to_string(rules.me) + ", but only rank 0 collects them";
+    return std::nullopt;
+  case FrameType::gather_out:
+  case FrameType::barrier_out:
+    if (sender != 0) return who + " sent the " + t + " answer, which only rank 0 sends";
+    return std::nullopt;
+  case FrameType::data:
+  case FrameType::abort:
+  case FrameType::leaving: return std::nullopt;
+  }
+  return who + " sent a frame of no known type";
+}
+
 /// Splits the whole frames received on `c` into validated frames in c.inbox (see pump). A bad
-/// frame drops the connection and discards every byte after the last good frame. A connection
-/// whose rank is not known yet (no hello) is held to frames of stranger_max_frame and to its first
-/// frame, until the caller has read that hello and named the connection's rank; the caller then
-/// splits again what arrived behind the hello.
-inline void split_frames(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox) {
+/// frame, or one its sender may not send (`rules`: refused()), drops the connection and discards
+/// every byte after the last good frame. A connection whose rank is not known yet (no hello) is
+/// held to frames of stranger_max_frame and to its first frame, until the caller has read that
+/// hello and named the connection's rank; the caller then splits again what arrived behind the
+/// hello.
+inline void split_frames(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox,
+                         const FrameRules& rules = {}) {
   if (c.dead()) return;
   if (c.rank < 0) max_len = std::min(max_len, stranger_max_frame);
   auto drop = [&](Error e) { // nothing after a bad frame is trusted: no garbage is kept
@@ -150,6 +196,8 @@ inline void split_frames(Conn& c, std::uint64_t token, std::uint32_t max_len, st
       return drop(Error::make(Step::side_channel, ErrorKind::bad_frame,
                               c.who + " sent a " + std::string(type_name(type)) +
                                   " frame whose payload checksum does not match (corrupt frame)"));
+    if (c.rank >= 0)
+      if (auto why = refused(rules, type, c.rank)) return drop(Error::make(Step::side_channel, ErrorKind::bad_frame, *why));
     c.inbox.push_back(Frame{type, static_cast<int>(c.rx_header->sender),
                             std::vector<std::byte>(payload.begin(), payload.end())});
     c.inbox_bytes += payload.size();
@@ -166,7 +214,7 @@ inline void split_frames(Conn& c, std::uint64_t token, std::uint32_t max_len, st
 
 /// Reads what is available on `c` (one non-blocking recv) and splits it into validated frames in
 /// c.inbox (split_frames).
-inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox) {
+inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_t max_inbox, const FrameRules& rules = {}) {
   if (c.dead()) return;
   const std::size_t want = header_bytes + (c.rx_header ? c.rx_header->length : 0);
   const std::size_t chunk =
@@ -195,7 +243,7 @@ inline void pump(Conn& c, std::uint64_t token, std::uint32_t max_len, std::size_
     return;
   }
   c.rx_len += static_cast<std::size_t>(n);
-  split_frames(c, token, max_len, max_inbox);
+  split_frames(c, token, max_len, max_inbox, rules);
 }
 
 /// The state behind a SideChannel; heap-allocated so that poison() from another thread sees a
@@ -210,6 +258,7 @@ struct State {
   std::atomic<bool> abort_requested{false}; ///< request_abort() was called; the owner acts on it.
   Error requested_cause;             ///< Its cause (guarded by poison_mutex).
   bool closed = false;               ///< close() was called.
+  bool rendezvous_done = false;      ///< connect() is over: no more hello or welcome.
   int abort_origin = -1;             ///< Rank where the last received abort started.
   std::string abort_text;            ///< Its text, for forwarding without re-prefixing.
   std::uint8_t abort_claim = 0;      ///< The error kind its origin claimed (forwarded as is).
@@ -221,9 +270,11 @@ struct State {
   /// Payload bytes a peer may queue beyond what is asked for.
   std::size_t max_inbox() const noexcept { return std::size_t{opts.max_frame_bytes} * 4; }
   /// Reads from `c` into its inbox.
-  void pump_conn(Conn& c) { pump(c, opts.job_token, opts.max_frame_bytes, max_inbox()); }
+  void pump_conn(Conn& c) { pump(c, opts.job_token, opts.max_frame_bytes, max_inbox(), rules()); }
   /// Splits frames already received on `c` (after a stranger's hello named its rank).
-  void split_conn(Conn& c) { split_frames(c, opts.job_token, opts.max_frame_bytes, max_inbox()); }
+  void split_conn(Conn& c) { split_frames(c, opts.job_token, opts.max_frame_bytes, max_inbox(), rules()); }
+  /// Who may send what to this rank now (FrameRules).
+  FrameRules rules() const noexcept { return {opts.rank, rendezvous_done}; }
 
   /// The error a poisoned or closed channel returns.
   Error stopped_error() {
@@ -264,7 +315,9 @@ struct State {
     Reader r{f.payload};
     const auto kind = r.num(1);
     const auto origin = r.num(4);
-    const std::string text = r.text(std::min<std::size_t>(r.in.size(), 400));
+    // A peer's words are data: control characters escaped (they cannot move a terminal's cursor
+    // or forge a line), the length bounded.
+    const std::string text = printable(r.text(std::min<std::size_t>(r.in.size(), 400)), 400);
     if (!r.ok)
       return Error::make(Step::side_channel, ErrorKind::peer_aborted, c.who + " aborted the job (unreadable reason)");
     // The origin is the peer's claim: a rank outside the job is not believed (the abort is then
@@ -297,11 +350,22 @@ struct State {
     return head + "..." + abort_text.substr(abort_text.size() - (room - 3)) + tail;
   }
 
+  /// A leaving frame's payload: three big-endian 64-bit counts (LeavingCounts), then the note.
+  static constexpr std::size_t leaving_counts_bytes = 24;
+
+  /// The leaving frame queued on `c`, or nullptr.
+  const Frame* leaving_frame(const Conn& c) const {
+    for (const auto& f : c.inbox)
+      if (f.type == FrameType::leaving) return &f;
+    return nullptr;
+  }
+
   /// The note of a leaving frame queued on `c` (printable, bounded), or nullopt.
   std::optional<std::string> leaving(const Conn& c) const {
-    for (const auto& f : c.inbox)
-      if (f.type == FrameType::leaving) return printable(f.payload, 200);
-    return std::nullopt;
+    const Frame* f = leaving_frame(c);
+    if (f == nullptr) return std::nullopt;
+    const auto p = std::span<const std::byte>(f->payload);
+    return printable(p.size() >= leaving_counts_bytes ? p.subspan(leaving_counts_bytes) : p, 200);
   }
 
   /// Removes and returns the first abort frame queued on `c`, as an error.
@@ -702,13 +766,18 @@ public:
   void close() noexcept;
 
   /// Tells every peer that this rank is leaving the job (before a final barrier, say), with
-  /// `note` on where it stands ("after 5 collective calls"): a peer still waiting for this rank's
-  /// part of something else learns at once that it will not come (leaving_note(), and recv_from
-  /// fails). Best effort, at most 200 ms. Same thread as the other calls.
-  void announce_leaving(std::string_view note) noexcept;
+  /// `note` on where it stands ("after 5 collective calls") and, per peer, what it had done
+  /// (`done(peer)`: its calls, so a peer still finishing one of them knows this rank is not
+  /// missing from it): a peer still waiting for this rank's part of something else learns at once
+  /// that it will not come (leaving_note(), and recv_from fails). Best effort, at most 200 ms. Same
+  /// thread as the other calls.
+  void announce_leaving(std::string_view note, const std::function<LeavingCounts(int peer)>& done = {}) noexcept;
   /// The note `peer` sent with announce_leaving(), once a wait or check_peers() has read it
   /// (control characters escaped, at most 200 characters); nullopt until then.
   std::optional<std::string> leaving_note(int peer) const;
+  /// The counts `peer` sent with announce_leaving() (zeros when it gave none); nullopt until its
+  /// leaving frame was read.
+  std::optional<LeavingCounts> leaving_counts(int peer) const;
   /// The error kind the last abort frame this rank received claimed (forwarded as the rank where
   /// it started sent it), or ErrorKind{} when none came. A claim, not this rank's condition: the
   /// collectives layer reports a claimed call_mismatch as its own (the ranks made different calls).
@@ -775,8 +844,13 @@ inline Result<SideChannel> SideChannel::connect(const SideChannelOptions& o) {
     ch.s_->conns[static_cast<std::size_t>(r)].who = "rank " + std::to_string(r);
   }
   if (o.size == 1) return ch;
+  if (!o.secret_token)
+    detail::notice_once(Notice::no_job_secret,
+                        Error::make(Step::side_channel, ErrorKind::invalid_argument,
+                                    "the job token of " + o.coordinator + " is not from a job secret"));
   auto r = o.rank == 0 ? ch.rendezvous_root(dl) : ch.rendezvous_rank(dl);
   if (!r) return fail(r.error());
+  ch.s_->rendezvous_done = true; // from here a welcome or a hello is refused as it arrives
   for (auto& c : ch.s_->conns)
     if (c.fd.get() >= 0) ch.s_->poison_fds.push_back(c.fd.get());
   // Everyone has its mesh connections once everyone has passed this barrier.
@@ -1028,6 +1102,7 @@ inline Result<void> SideChannel::rendezvous_rank(SideChannelDeadline dl) {
     MeshEntry e;
     e.port = static_cast<std::uint16_t>(rd.num(2));
     e.host = rd.text(static_cast<std::size_t>(rd.num(2)));
+    if (detail::has_control(e.host)) rd.ok = false; // a host name has none: the frame is refused, never printed
     dir.push_back(std::move(e));
   }
   if (!rd.ok || dir.size() != static_cast<std::size_t>(s.opts.size))
@@ -1260,21 +1335,41 @@ inline void SideChannel::abort(const Error& cause) noexcept {
   poison(cause);
 }
 
-inline void SideChannel::announce_leaving(std::string_view note) noexcept {
+inline void SideChannel::announce_leaving(std::string_view note, const std::function<LeavingCounts(int peer)>& done) noexcept {
   if (!s_ || s_->closed || s_->poisoned.load(std::memory_order_acquire)) return;
   try {
-    const auto payload = std::as_bytes(std::span(note.data(), std::min<std::size_t>(note.size(), 400)));
+    const auto text = std::as_bytes(std::span(note.data(), std::min<std::size_t>(note.size(), 400)));
     const auto dl = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    for (auto& c : s_->conns)
-      if (c.fd.get() >= 0 && !c.tx_broken && c.lost_errno == 0 && !c.bad)
-        (void)s_->send_frame(c, detail::sc::FrameType::leaving, payload, dl, "leaving");
-  } catch (...) { // allocation failure: the peers see this rank close later instead
+    for (auto& c : s_->conns) {
+      if (c.fd.get() < 0 || c.tx_broken || c.lost_errno != 0 || c.bad) continue;
+      const LeavingCounts k = done ? done(c.rank) : LeavingCounts{};
+      std::vector<std::byte> payload(detail::sc::State::leaving_counts_bytes);
+      detail::put_be(payload.data(), k.collectives, 8);
+      detail::put_be(payload.data() + 8, k.sent_to_peer, 8);
+      detail::put_be(payload.data() + 16, k.received_from_peer, 8);
+      payload.insert(payload.end(), text.begin(), text.end());
+      (void)s_->send_frame(c, detail::sc::FrameType::leaving, payload, dl, "leaving");
+    }
+  } catch (...) { // allocation failure (or `done` threw): the peers see this rank close later instead
   }
 }
 
 inline std::optional<std::string> SideChannel::leaving_note(int peer) const {
   if (!s_ || peer < 0 || peer >= s_->opts.size || peer == s_->opts.rank) return std::nullopt;
   return s_->leaving(s_->conns[static_cast<std::size_t>(peer)]);
+}
+
+inline std::optional<LeavingCounts> SideChannel::leaving_counts(int peer) const {
+  if (!s_ || peer < 0 || peer >= s_->opts.size || peer == s_->opts.rank) return std::nullopt;
+  const auto* f = s_->leaving_frame(s_->conns[static_cast<std::size_t>(peer)]);
+  if (f == nullptr) return std::nullopt;
+  LeavingCounts k;
+  if (f->payload.size() >= detail::sc::State::leaving_counts_bytes) {
+    k.collectives = detail::get_be(f->payload.data(), 8);
+    k.sent_to_peer = detail::get_be(f->payload.data() + 8, 8);
+    k.received_from_peer = detail::get_be(f->payload.data() + 16, 8);
+  }
+  return k;
 }
 
 inline void SideChannel::close() noexcept {

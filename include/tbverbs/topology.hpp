@@ -212,6 +212,9 @@ public:
       const auto prefix = r.num(1);
       p.problem = r.text(static_cast<std::size_t>(r.num(1)));
       if (!r.ok) break;
+      // A peer's words are data: control characters in them are refused, never printed.
+      if (detail::has_control(p.device) || detail::has_control(p.problem))
+        return bad("a topology message with control characters in port " + std::to_string(i + 1) + "'s device name or problem");
       const std::string which = "port " + std::to_string(i + 1) + " (" + p.device + ")";
       if ((flags & ~std::uint64_t{3}) != 0) return bad("a topology message with unknown flags for " + which);
       if (gid_field > std::uint64_t{max_wire_gid_index} + 1)

@@ -124,6 +124,7 @@ c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive
       TORCH_CHECK(!host.empty(), "tbverbs: cannot tell the other ranks where rank 0 is: set MASTER_ADDR");
       std::random_device rd;
       opts->job_token = (std::uint64_t{rd()} << 32 | rd()) | 1;
+      opts->job_token_secret = true; // random, and only in the framework's Store
       opts->coordinator = "*:0";
       const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
       const std::string advertised = v6 ? "[" + host + "]" : host;
@@ -138,6 +139,7 @@ c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive
       TORCH_CHECK(space != std::string::npos, "tbverbs: malformed rendezvous record \"", value, "\" in the store");
       opts->coordinator = value.substr(0, space);
       opts->job_token = std::strtoull(value.c_str() + space + 1, nullptr, 10);
+      opts->job_token_secret = true;
     }
   }
   auto comm = tbverbs::Communicator::connect(*opts);

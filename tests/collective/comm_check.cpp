@@ -239,12 +239,18 @@ int run_rank(const RankOptions& ro) {
   if (ro.expect_error) {
     // Collectives until one fails: a rank of the job is killed by the launcher.
     std::vector<float> v(1 << 16, 1.0f);
-    const auto start = std::chrono::steady_clock::now();
+    auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < 1000000; ++i) {
+      if (i == 20) { // the event a failure test fires its fault on (kill_test.sh: --kill-after-line)
+        std::printf("rank %d: running: 20 all_reduces done\n", c.rank());
+        std::fflush(stdout);
+        start = std::chrono::steady_clock::now();
+      }
       auto r = c.all_reduce(std::span<float>(v));
       if (!r) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::printf("rank %d: all_reduce %d failed after %.1f s as expected: %s\n", c.rank(), i, s, r.error().message().c_str());
+        std::printf("rank %d: all_reduce %d failed after %.1f s%s as expected: %s\n", c.rank(), i, s,
+                    i >= 20 ? " (from all_reduce 20)" : "", r.error().message().c_str());
         auto again = c.barrier();
         if (again) {
           failed("a broken communicator ran a barrier");
@@ -375,6 +381,7 @@ int main(int argc, char** argv) {
     else if (a == "--link-gbps") lo.link.gbytes_per_s = real(a, need(i), 10000);
     else if (a == "--link-latency-us") lo.link.latency_us = real(a, need(i), 10000000);
     else if (a == "--kill-after-ms") lo.kill_after = std::chrono::milliseconds(number(a, need(i), 600000));
+    else if (a == "--kill-after-line") lo.kill_after_line = need(i);
     else {
       rank_args.push_back(a);
       if (a == "--counts") ro.counts = parse_counts(rank_args.emplace_back(need(i)));
@@ -396,9 +403,6 @@ int main(int argc, char** argv) {
     }
   }
   if (lo.ranks > 0) {
-    char self[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
     lo.args = rank_args;
     return ring::run_local(lo);
   }

@@ -6,6 +6,10 @@
 //   closing_rank       the last rank leaves (its communicator's destructor) while the others
 //                      call all_reduce: they fail at once with call_mismatch naming the rank that
 //                      closed, not after the timeout;
+//   finished_then_closed  the last rank sends to rank 0 and closes before rank 0 calls recv:
+//                      the recv completes (the sender finished its part); the next call fails.
+//                      With --link-latency-us 1000000 the send completes (UC: on the wire) 1 s
+//                      before it lands, so rank 0 is inside its recv when the close reaches it;
 //   threads            while one thread runs collectives, another registers and releases memory
 //                      and calls a collective itself (refused with invalid_argument, nothing
 //                      broken); under ThreadSanitizer, no race.
@@ -106,6 +110,33 @@ void closing_rank() {
   if (secs > 3) failed("closing_rank: " + std::to_string(secs) + " s to learn that a rank closed");
 }
 
+// A rank that finished a call and closed is not missing from that call: a peer still in it (here a
+// recv of a send that landed before the sender closed, and an all_reduce the closing rank had
+// finished) completes it; only its next call fails.
+void finished_then_closed() {
+  auto comm = connect();
+  if (!comm) return failed("finished_then_closed: connect: " + comm.error().message());
+  g_rank = comm->rank();
+  const int last = comm->size() - 1;
+  std::vector<float> v(1000, 1.0f), got(1000, 0.0f);
+  if (comm->rank() == last) {
+    if (auto r = comm->send(std::span<const float>(v), 0); !r) return failed("finished_then_closed: send: " + r.error().message());
+    return; // the destructor closes: it tells the others it leaves after 0 collectives and 1 send to rank 0
+  }
+  if (comm->rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300)); // rank `last` is in close by now
+    if (auto r = comm->recv(std::span<float>(got), last); !r)
+      return failed("finished_then_closed: a recv of a send made before its sender closed failed: " + r.error().message());
+    if (got != v) return failed("finished_then_closed: the recv returned ok with other data");
+  }
+  std::vector<float> w(10, 1.0f);
+  auto r = comm->all_reduce(std::span<float>(w));
+  if (r) return failed("finished_then_closed: an all_reduce without rank " + std::to_string(last) + " returned ok");
+  if (!r.error().is(ErrorKind::call_mismatch)) failed("finished_then_closed: the next call: not call_mismatch: " + r.error().message());
+  std::printf("rank %d: finished_then_closed: %sthe next call failed as expected: %s\n", comm->rank(),
+              comm->rank() == 0 ? "the recv completed; " : "", r.error().message().c_str());
+}
+
 void threads() {
   auto comm = connect();
   if (!comm) return failed("threads: connect: " + comm.error().message());
@@ -157,6 +188,7 @@ int run_rank(const std::string& only) {
   if (only.empty() || only == "threads") threads();
   if (only.empty() || only == "abort_from_thread") abort_from_thread();
   if (only.empty() || only == "closing_rank") closing_rank();
+  if (only.empty() || only == "finished_then_closed") finished_then_closed();
   if (g_failures == 0) std::printf("rank %d: every failure was reported as it should\n", g_rank);
   return g_failures == 0 ? 0 : 1;
 }
@@ -175,15 +207,14 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
       lo.args = {"--only", only};
+    } else if (a == "--link-latency-us" && i + 1 < argc) {
+      lo.link.latency_us = std::atof(argv[++i]); // messages arrive this long after their send completed
     } else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
     }
   }
   if (lo.ranks > 0) {
-    char self[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
     return ring::run_local(lo);
   }
   return run_rank(only);

@@ -289,9 +289,6 @@ int main(int argc, char** argv) {
     }
   }
   if (lo.ranks > 0) {
-    char self[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    lo.self = len > 0 ? std::string(self, static_cast<std::size_t>(len)) : std::string(argv[0]);
     lo.args = rank_args;
     return ring::run_local(lo);
   }

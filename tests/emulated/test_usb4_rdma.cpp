@@ -172,6 +172,11 @@ TEST_CASE("LinkOffer: the wire form round-trips and refuses what no valid peer s
     CHECK(err(tbverbs::LinkOffer::parse(bad)).kind == tbverbs::ErrorKind::bad_frame);
   }
   CHECK(err(tbverbs::LinkOffer::parse(std::span<const std::byte>(w).first(63))).kind == tbverbs::ErrorKind::bad_frame);
+  // Issue 38: a device name is a name; one with a control character (valid CRC) is refused.
+  o.device.assign("usb4\x1b[2J");
+  const tbverbs::Error forged = err(tbverbs::LinkOffer::parse(o.serialize()));
+  CHECK(forged.kind == tbverbs::ErrorKind::bad_frame);
+  CHECK(std::string(forged.detail.view()).find('\x1b') == std::string::npos);
 }
 
 TEST_CASE("agree(): RC between Linux hosts, Apple's UC toward a Mac, the same choice from both ends", "[usb4][negotiation]") {

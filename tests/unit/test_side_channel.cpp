@@ -1123,3 +1123,93 @@ TEST_CASE("side channel: parse_host_port refuses unbalanced brackets, brackets a
   REQUIRE(v6);
   CHECK(tbverbs::parse_host_port(v6->to_string())->host == "fe80::1");
 }
+
+TEST_CASE("issue 38: a frame its sender may not send is refused at once, naming sender, frame and why",
+          "[side_channel][stranger][roles]") {
+  // A "rank 1" sending what only rank 0 sends, while rank 0 waits in a barrier: rank 0 fails at
+  // once, blaming the frame, not after its deadline blaming rank 1 for not calling barrier.
+  struct Case {
+    sc::FrameType type;
+    const char* says;
+  };
+  for (const Case& c : {Case{sc::FrameType::welcome, "rank 1 sent welcome, which only rank 0 sends"},
+                        Case{sc::FrameType::hello, "rank 1 sent a second hello"},
+                        Case{sc::FrameType::barrier_out, "rank 1 sent the barrier answer, which only rank 0 sends"},
+                        Case{sc::FrameType::gather_out, "rank 1 sent the all_gather answer, which only rank 0 sends"}}) {
+    Root root;
+    const auto port = root.start(2, 5000ms);
+    RawPeer rank1;
+    rank1.join(port, 1, 2);
+    auto ch = root.result.get();
+    REQUIRE(ch);
+    rank1.send(c.type, 1, {});
+    const auto t0 = Clock::now();
+    auto r = ch->barrier(Clock::now() + 4s);
+    REQUIRE_FALSE(r);
+    INFO(r.error().message());
+    CHECK(r.error().kind == ErrorKind::bad_frame);
+    CHECK(has(r.error(), c.says));
+    CHECK(Clock::now() - t0 < 2s);
+    CHECK_FALSE(has(r.error(), "not calling barrier"));
+  }
+}
+
+TEST_CASE("issue 38: the rules of who sends what, from where the receiver stands", "[side_channel][roles]") {
+  const sc::FrameRules rank0_after{0, true}, rank1_during{1, false}, rank1_after{1, true};
+  CHECK_FALSE(sc::refused(rank1_during, sc::FrameType::welcome, 0));
+  CHECK(sc::refused(rank1_after, sc::FrameType::welcome, 0));
+  CHECK(sc::refused(rank1_during, sc::FrameType::welcome, 2));
+  CHECK(sc::refused(rank0_after, sc::FrameType::welcome, 0));
+  CHECK_FALSE(sc::refused(rank0_after, sc::FrameType::barrier_in, 1));
+  CHECK(sc::refused(rank1_after, sc::FrameType::barrier_in, 2)); // only rank 0 collects
+  CHECK_FALSE(sc::refused(rank1_after, sc::FrameType::barrier_out, 0));
+  CHECK(sc::refused(rank0_after, sc::FrameType::barrier_out, 1));
+  for (auto t : {sc::FrameType::data, sc::FrameType::abort, sc::FrameType::leaving}) CHECK_FALSE(sc::refused(rank1_after, t, 2));
+  CHECK(sc::refused(rank0_after, sc::FrameType::hello, 1));
+}
+
+TEST_CASE("issue 38: a peer's abort text reaches the terminal as data: control characters escaped, bounded",
+          "[side_channel][stranger]") {
+  Root root;
+  const auto port = root.start(2, 5000ms);
+  RawPeer rank1;
+  rank1.join(port, 1, 2);
+  auto ch = root.result.get();
+  REQUIRE(ch);
+  sc::Writer w;
+  w.num(static_cast<std::uint64_t>(ErrorKind::timeout), 1);
+  w.num(1, 4);
+  w.text("\x1b[2J\x1b[31mforged\r\nrank 0: all collectives verified");
+  rank1.send(sc::FrameType::abort, 1, w.out);
+  auto r = ch->recv_from(1, Clock::now() + 3s);
+  REQUIRE_FALSE(r);
+  const std::string m = r.error().message();
+  INFO(m);
+  CHECK(m.find('\x1b') == std::string::npos);
+  CHECK(m.find('\r') == std::string::npos);
+  CHECK(has(r.error(), "\\x1b[2J\\x1b[31mforged\\x0d\\x0arank 0: all collectives verified"));
+}
+
+TEST_CASE("issue 38: the job's secret: tokens from it cannot be computed without it, and it is never printed",
+          "[side_channel][secret]") {
+  const auto a = tbverbs::make_job_secret(), b = tbverbs::make_job_secret();
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->size() == 32);
+  CHECK(*a != *b);
+  const std::string name = "tbverbs communicator 10.0.0.1:5555";
+  CHECK(tbverbs::job_token(name, *a) != tbverbs::job_token(name));
+  CHECK(tbverbs::job_token(name, *a) != tbverbs::job_token(name, *b));
+  CHECK(tbverbs::job_token(name) == tbverbs::side_channel_token(name));
+  // A rank whose token differs is told the other's token, never its own (the job's credential).
+  sc::FrameHeader h = sc::make_header(sc::FrameType::hello, 0x1111222233334444ull, 1, {});
+  std::array<std::byte, sc::header_bytes> wire;
+  sc::encode_header(h, wire);
+  const std::uint64_t mine = tbverbs::job_token(name, *a);
+  auto d = sc::decode_header(wire, mine, 1 << 20, "rank 1");
+  REQUIRE_FALSE(d);
+  char own[32];
+  std::snprintf(own, sizeof own, "%016llx", static_cast<unsigned long long>(mine));
+  CHECK(d.error().message().find(own) == std::string::npos);
+  CHECK(has(d.error(), "0x1111222233334444"));
+}

@@ -158,3 +158,21 @@ TEST_CASE("finding 3 (issue 19): a peer's topology message with a GID index fiel
   w[at - 1] = std::byte{4};
   CHECK_FALSE(Topology::parse_ports(w, 1));
 }
+
+TEST_CASE("issue 38: a peer's device name or problem with a control character is refused, never printed",
+          "[topology][regression]") {
+  // Before: the name reached every message naming the port as it came ("\x1b[2J" cleared the
+  // terminal of whoever read the error).
+  auto forged = port("rdma_en2", "10.99.0.1");
+  forged.device = "rdma\x1b[2J";
+  auto r = Topology::parse_ports(Topology::serialize_ports({forged}), 1);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().is(ErrorKind::bad_frame));
+  const std::string said(r.error().detail.view());
+  CHECK(said.find("control characters in port 1") != std::string::npos);
+  CHECK(said.find('\x1b') == std::string::npos);
+  auto problem = down("rdma_en1");
+  problem.problem = "PORT_DOWN\r\nrank 0: all ranks verified";
+  CHECK_FALSE(Topology::parse_ports(Topology::serialize_ports({problem}), 1));
+  CHECK(Topology::parse_ports(Topology::serialize_ports({port("rdma_en2", "10.99.0.1"), down("rdma_en1")}), 1));
+}

@@ -1454,14 +1454,15 @@ int main(int argc, char** argv) {
   } else if (const char* t = std::getenv("TBVERBS_PROBE_TOKEN"); o.token.empty() && t != nullptr) {
     o.token = t;
   }
-  if (o.quick) {
-    o.iters = std::min(o.iters, 100);
-    o.bw_bytes = "4M";
-    o.wait_ms = std::min(o.wait_ms, 500);
-  }
+  // The size as given is checked before --quick picks a smaller default (it used to hide a bad one).
   if (const auto bw = cli::parse_size(o.bw_bytes); !bw || *bw == 0) {
     std::fprintf(stderr, "tbverbs-probe: --bw-bytes %s: not %s above 0\n", o.bw_bytes.c_str(), cli::kSizeSyntax);
     return 2;
+  }
+  if (o.quick) {
+    o.iters = std::min(o.iters, 100);
+    if (app.count("--bw-bytes") == 0) o.bw_bytes = "4M";
+    o.wait_ms = std::min(o.wait_ms, 500);
   }
   if (o.local) return run_local(o);
   if (launched) return run_end(o, *job->rank, job->coordinator, true);

@@ -456,7 +456,8 @@ inline Error as_claimed(Error e, const SideChannel& sc) {
 }
 
 /// The side channel's options from a communicator's: its rank, size, coordinator and timeout, and
-/// the job token (the options' own, or one derived from the coordinator and the launcher's job id).
+/// the job token (the options' own, or one from the job's secret and the coordinator, or, without
+/// a secret, from the coordinator and the launcher's job id).
 inline SideChannelOptions side_channel_options(const CommunicatorOptions& o) {
   SideChannelOptions sco;
   sco.rank = o.rank;
@@ -466,6 +467,12 @@ inline SideChannelOptions side_channel_options(const CommunicatorOptions& o) {
   sco.on_listening = o.on_listening;
   if (o.job_token != 0) {
     sco.job_token = o.job_token;
+    sco.secret_token = o.job_token_secret;
+    return sco;
+  }
+  if (!o.job_secret.empty()) {
+    sco.job_token = job_token("tbverbs communicator " + o.coordinator, o.job_secret);
+    sco.secret_token = true;
     return sco;
   }
   std::string job_id;
@@ -508,8 +515,11 @@ inline Result<void> Communicator::close() {
       while (s->busy.load() != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (busy.held() && s->net && !s->broken && s->sc.valid()) {
-      s->sc.announce_leaving("after " + std::to_string(s->collectives) + " collective call" +
-                             (s->collectives == 1 ? "" : "s"));
+      s->sc.announce_leaving("after " + std::to_string(s->collectives) + " collective call" + (s->collectives == 1 ? "" : "s"),
+                             [s](int peer) {
+                               return LeavingCounts{s->collectives, s->sent[static_cast<std::size_t>(peer)],
+                                                    s->received[static_cast<std::size_t>(peer)]};
+                             });
       r = s->sc.barrier();
       if (!r) r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
     }

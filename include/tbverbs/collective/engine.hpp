@@ -735,11 +735,18 @@ template <class Schedule> inline Result<void> Engine::Pass<Schedule>::watch() {
 }
 
 // A peer that closed its communicator will not make this call: a collective needs every rank, a
-// send or recv its peer.
+// send or recv its peer. Unless it made it before it left: then it finished its part (this rank
+// only waits for its own completions) and closes after the others come to close.
 template <class Schedule> inline Result<void> Engine::Pass<Schedule>::leaving_peer() {
   for (int r = 0; r < net_.size(); ++r) {
     if (r == net_.rank() || (call_.point_to_point() && r != call_.from && r != call_.to)) continue;
     if (auto note = net_.channel().leaving_note(r)) {
+      const auto done = net_.channel().leaving_counts(r);
+      const std::uint64_t made = !done                  ? 0
+                                 : !call_.point_to_point() ? done->collectives
+                                 : call_.to == r           ? done->received_from_peer // r's receives of this rank's sends
+                                                           : done->sent_to_peer;
+      if (made > (call_.point_to_point() ? call_.pair_seq : call_.collective_seq)) continue;
       where_ = "waiting for " + describe_wait();
       return fail(Error::make(Step::collective, ErrorKind::call_mismatch,
                               "the communicator is broken: rank " + std::to_string(r) + " closed it (" + *note +

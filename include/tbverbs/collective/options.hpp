@@ -5,6 +5,7 @@
 
 #include "../detail/decimal.hpp"
 #include "../error.hpp"
+#include "../job_secret.hpp"
 #include "../result.hpp"
 #include "device_file.hpp"
 #include "launcher.hpp"
@@ -35,9 +36,16 @@ struct CommunicatorOptions {
   /// Called once by rank 0 with the port it listens on, before it waits for the other ranks.
   std::function<void(std::uint16_t)> on_listening;
   /// Same on every rank of a job; a rendezvous frame with another token is refused, so two jobs
-  /// on one coordinator port do not join. 0: derived from the coordinator and the job id
-  /// (TBVERBS_JOB_ID, SLURM_JOB_ID, MLX_JOB_ID, TORCHELASTIC_RUN_ID).
+  /// on one coordinator port do not join. 0: derived from `job_secret` and the coordinator, or,
+  /// without a secret, from the coordinator and the job id (TBVERBS_JOB_ID, SLURM_JOB_ID,
+  /// MLX_JOB_ID, TORCHELASTIC_RUN_ID), which anyone who can reach the coordinator can compute.
   std::uint64_t job_token = 0;
+  /// The job's secret (job_secret.hpp: TBVERBS_JOB_SECRET or TBVERBS_JOB_SECRET_FILE, read by
+  /// from_env()), the same on every rank; empty: none (a one-time notice says what that allows).
+  /// Never printed.
+  std::string job_secret;
+  /// A job_token given in code comes from a value only the job's ranks have (a framework's Store).
+  bool job_token_secret = false;
   /// The verbs library ("": TBVERBS_LIBRARY, then the platform's: librdma.dylib, libibverbs.so.1).
   std::string library;
   /// Which device faces which rank, the first that is given: `cabling` (set in code); a device
@@ -164,6 +172,9 @@ inline Result<void> CommunicatorOptions::read_environment(CommunicatorOptions& o
       o.size = cables->ranks;
       break;
     }
+  auto secret = job_secret_from_env();
+  if (!secret) return fail(secret.error());
+  o.job_secret = std::move(*secret);
   if (auto v = env("TBVERBS_MEMORY")) {
     auto m = collective::parse_setting<collective::Memory>(*v);
     if (!m) return bad("TBVERBS_MEMORY=\"" + *v + "\": " + collective::setting_choices<collective::Memory>());

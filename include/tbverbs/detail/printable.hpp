@@ -39,6 +39,15 @@ inline std::string printable(std::string_view text, std::size_t max) {
   return out;
 }
 
+/// Whether `text` holds a control character (below 0x20, or 0x7f). A field of a peer's message
+/// that names something (a device) or was written by our own code (a problem) has none: a message
+/// with one is refused, so what is accepted prints as it came and round-trips.
+inline bool has_control(std::string_view text) {
+  for (const char ch : text)
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) return true;
+  return false;
+}
+
 /// printable() of bytes.
 inline std::string printable(std::span<const std::byte> bytes, std::size_t max) {
   return printable(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), max);

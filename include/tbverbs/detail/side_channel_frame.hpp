@@ -164,11 +164,11 @@ inline Result<FrameHeader> decode_header(std::span<const std::byte, header_bytes
     return bad();
   }
   if (h.job_token != expected_token) {
+    // This rank's own token is the job's credential: never printed.
     std::snprintf(buf, sizeof buf,
-                  "%s has job token 0x%016llx, this rank 0x%016llx: a rank of another job, or ranks "
-                  "started with different tokens",
-                  who.c_str(), static_cast<unsigned long long>(h.job_token),
-                  static_cast<unsigned long long>(expected_token));
+                  "%s has job token 0x%016llx, not this rank's: a rank of another job, or ranks "
+                  "started with different secrets (TBVERBS_JOB_SECRET)",
+                  who.c_str(), static_cast<unsigned long long>(h.job_token));
     return bad();
   }
   if (h.type == 0 || h.type >= frame_type_end) {
