@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "run_job.hpp"
+#include <tbverbs/detail/printable.hpp>
 #include "tbverbs_emu/control.h"
 #include "trace_timeline.hpp"
 
@@ -58,22 +59,9 @@ int parse_errno(const std::string& s) {
 }
 
 // Text that may hold bytes of a file or another process (a fabric file's JSON error quotes it),
-// with control characters escaped: printed, it cannot move the terminal's cursor or forge a line.
-std::string printable(const std::string& text) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (u < 0x20 || u == 0x7f) {
-      out += "\\x";
-      out += hex[u >> 4];
-      out += hex[u & 15];
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
+// with control characters escaped (the library's one printable()): printed, it cannot move the
+// terminal's cursor or forge a line.
+std::string printable(const std::string& text) { return tbverbs::detail::printable(text, 2000); }
 
 int check(int rc) {
   if (rc != 0) {
