@@ -797,7 +797,7 @@ template <class Schedule> inline std::string Engine::Pass<Schedule>::describe_wa
       w += std::string(w.empty() ? "" : ", ") + "the completion of wire " + std::to_string(o.send_done) + " to rank " +
            std::to_string(state(i).peer);
   }
-  return w;
+  return w.empty() ? "the call to be planned on its links" : w; // before plan_links(), or a call with no wire
 }
 
 template <class Schedule>
