@@ -36,6 +36,7 @@ write_basic_package_version_file(
   COMPATIBILITY SameMajorVersion
   ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/tbverbsConfig.cmake ${PROJECT_BINARY_DIR}/tbverbsConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/TbverbsCollectiveLibrary.cmake
         DESTINATION ${TBVERBS_INSTALL_CMAKEDIR}
         COMPONENT tbverbs_Development)
 

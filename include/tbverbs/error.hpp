@@ -36,7 +36,9 @@ template <std::size_t N> struct FixedString {
   char data[N] = {};
   constexpr FixedString() = default;
   FixedString(std::string_view s) noexcept { assign(s); } // NOLINT: implicit from text is the point
-  void assign(std::string_view s) noexcept {
+  // Out of line (an error path): inlined into a caller that builds the text from std::string
+  // temporaries, GCC 12 reports false -Warray-bounds / -Wstringop-overread on the copy.
+  [[gnu::noinline, gnu::cold]] void assign(std::string_view s) noexcept {
     const bool cut = s.size() > N - 1;
     const std::size_t n = cut ? N - 4 : s.size();
     // An empty view may have a null data(); memcpy with a null source is undefined even for
@@ -46,7 +48,7 @@ template <std::size_t N> struct FixedString {
     data[cut ? N - 1 : n] = '\0';
   }
   /// Appends `s` (cut with the same mark when it does not fit).
-  void append(std::string_view s) noexcept {
+  [[gnu::noinline, gnu::cold]] void append(std::string_view s) noexcept {
     const std::size_t have = std::strlen(data);
     const bool cut = have + s.size() > N - 1;
     if (have >= N - 4 && cut) {

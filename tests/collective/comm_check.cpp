@@ -19,6 +19,8 @@
 // Launcher options: --link-gbps B --link-latency-us L (every cable direction paced: docs/emulator.md)
 // Exit 0 when everything matched; 1 with a line per mismatch otherwise.
 #include <tbverbs/collective.hpp>
+#include <tbverbs/side_channel.hpp>
+#include <tbverbs/sizes.hpp>
 
 #include "../../examples/ring_all_sum/launcher.hpp"
 

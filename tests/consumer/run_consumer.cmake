@@ -2,6 +2,7 @@
 #   MODE          install | add_subdirectory | fetchcontent | find_package | pkg_config
 #   TBVERBS_SOURCE_DIR, CONSUMER_DIR (this folder), WORK_DIR (scratch, wiped), PREFIX (install prefix)
 #   GENERATOR, CXX_COMPILER, CXX_FLAGS, CXX_STANDARD (20, 23), VERSION (expected package version)
+#   COLLECTIVE    true: also build and run collective_main.cpp on tbverbs_add_collective_library
 cmake_minimum_required(VERSION 3.20)
 
 function(run)
@@ -41,7 +42,8 @@ if(MODE STREQUAL "install")
   run(${CMAKE_COMMAND} --install ${WORK_DIR}/build --prefix ${PREFIX})
   foreach(f include/tbverbs/config.hpp include/tbverbs/error.hpp include/tbverbs/result.hpp
             share/cmake/tbverbs/tbverbsConfig.cmake share/cmake/tbverbs/tbverbsConfigVersion.cmake
-            share/cmake/tbverbs/tbverbsTargets.cmake share/pkgconfig/tbverbs.pc)
+            share/cmake/tbverbs/tbverbsTargets.cmake share/cmake/tbverbs/TbverbsCollectiveLibrary.cmake
+            share/pkgconfig/tbverbs.pc)
     if(NOT EXISTS ${PREFIX}/${f})
       message(FATAL_ERROR "not installed: ${PREFIX}/${f}")
     endif()
@@ -100,8 +102,14 @@ if(MODE STREQUAL "find_package")
 endif()
 run(${CMAKE_COMMAND} -S ${CONSUMER_DIR}/${MODE} -B ${WORK_DIR} ${_common}
     -DCMAKE_CXX_STANDARD=${CXX_STANDARD} -DCMAKE_CXX_STANDARD_REQUIRED=ON -DCMAKE_CXX_EXTENSIONS=OFF
-    ${_find})
+    ${_find} -DTBVERBS_CONSUMER_COLLECTIVE=${COLLECTIVE})
 run(${CMAKE_COMMAND} --build ${WORK_DIR} --verbose)
+if(COLLECTIVE)
+  run(${WORK_DIR}/tbverbs_collective_consumer)
+  if(NOT run_output MATCHES "tbverbs collective consumer: .*no rank.*rank")
+    message(FATAL_ERROR "unexpected collective consumer output")
+  endif()
+endif()
 run(${WORK_DIR}/tbverbs_consumer)
 if(NOT run_output MATCHES "${_expected_output}")
   message(FATAL_ERROR "unexpected consumer output (wanted '${_expected_output}')")

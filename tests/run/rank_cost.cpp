@@ -9,6 +9,7 @@
 //   cost: <when> <device> qps=Q pds=P cqs=C mrs=M
 // (<when>: connected, after_call) and "cost: rss_mb connected=A peak=B".
 #include <tbverbs/collective.hpp>
+#include <tbverbs/sizes.hpp>
 
 #include <dlfcn.h>
 

@@ -46,22 +46,25 @@
 TBVERBS_NAMESPACE_BEGIN
 namespace collective {
 
+/// One registered range. Opaque to callers: RegistrationCache::find() and add_owned() hand out
+/// pointers that stay valid until the matching unpin() or release_owned().
+struct RegistrationEntry {
+  std::uintptr_t begin = 0;                          ///< The first byte of the pages it covers.
+  std::uintptr_t end = 0;                            ///< One past their last byte.
+  std::vector<std::optional<MemoryRegionSet>> sets;  ///< Per port.
+  PageIdentity pages;                                ///< What backed it when it was registered (a spot check when owned).
+  unsigned owners = 0;        ///< MemoryRegistration handles (owned entries).
+  unsigned pins = 0;          ///< Calls using it now.
+  bool cached = false;        ///< Kept between calls (Memory::registered, pages provable).
+  bool stale_noted = false;   ///< Its pages changed under a handle: said once.
+  std::uint64_t last_use = 0; ///< When a call last used it (the cache's clock: least recently used goes first).
+};
+
 /// The registered user memory of one communicator (see the top of this file).
 class RegistrationCache {
 public:
-  /// One registered range. Opaque to callers: find() and add_owned() hand out pointers that stay
-  /// valid until the matching unpin() or release_owned().
-  struct Entry {
-    std::uintptr_t begin = 0;                          ///< The first byte of the pages it covers.
-    std::uintptr_t end = 0;                            ///< One past their last byte.
-    std::vector<std::optional<MemoryRegionSet>> sets;  ///< Per port.
-    PageIdentity pages;                                ///< What backed it when it was registered (a spot check when owned).
-    unsigned owners = 0;        ///< MemoryRegistration handles (owned entries).
-    unsigned pins = 0;          ///< Calls using it now.
-    bool cached = false;        ///< Kept between calls (Memory::registered, pages provable).
-    bool stale_noted = false;   ///< Its pages changed under a handle: said once.
-    std::uint64_t last_use = 0; ///< When a call last used it (the cache's clock: least recently used goes first).
-  };
+  /// One registered range (RegistrationEntry).
+  using Entry = RegistrationEntry;
 
   /// The cache of `net`'s devices; at most `max_entries` cached ranges are kept.
   explicit RegistrationCache(const Network& net, std::size_t max_entries = 64) : net_(&net), max_entries_(max_entries) {}

@@ -1,0 +1,696 @@
+/// @file collective/impl/communicator.hpp
+/// The definitions of Communicator and MemoryRegistration (collective/communicator.hpp): set-up,
+/// the checks every call makes, the engine's dispatch, leaving and aborting. Included by
+/// collective/communicator.hpp where this translation unit holds the collectives layer's
+/// definitions (collective/linkage.hpp).
+#pragma once
+
+#include "../../side_channel.hpp"
+#include "../../topology.hpp"
+#include "../choice.hpp"
+#include "../communicator.hpp"
+#include "../registration_cache.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+TBVERBS_NAMESPACE_BEGIN
+
+/// Everything a connected communicator holds (private to Communicator).
+struct Communicator::State {
+  CommunicatorOptions opts;                             ///< As connected (message size and window as set up).
+  SideChannel sc;                                       ///< Rendezvous, failures, leaving.
+  std::optional<Library> lib;                           ///< The verbs library (more than one rank).
+  std::unique_ptr<collective::Network> net;             ///< Devices, links, scratch memory.
+  std::optional<collective::Engine> engine;             ///< Runs every schedule on `net`.
+  std::shared_ptr<collective::RegistrationCache> cache; ///< User memory registrations (shared with their handles).
+  std::optional<AlignedBuffer> work;                    ///< reduce_scatter's partial sums (the communicator's own).
+  std::optional<AlignedBuffer> small;                   ///< barrier's word.
+  std::optional<Error> broken;                          ///< The error that broke it, if one did.
+  std::atomic<int> busy{0};                             ///< 1 while a call runs (Busy).
+  std::uint64_t collectives = 0;                        ///< Collective calls made (the next one's number).
+  std::vector<std::uint64_t> sent;                      ///< send calls made, per peer.
+  std::vector<std::uint64_t> received;                  ///< recv calls made, per peer.
+  std::string where;                                    ///< The set-up step running (Network::create names it), for errors.
+  ~State() {
+    if (cache) cache->close(); // the registrations go before the devices' protection domains
+  }
+};
+
+/// The one thread a call may run on: held for the call, refused while another holds it.
+class Communicator::Busy {
+public:
+  /// Takes the communicator unless another thread holds it.
+  explicit Busy(State& s) noexcept : s_(s), held_(s.busy.exchange(1) == 0) {}
+  ~Busy() {
+    if (held_) s_.busy.store(0);
+  }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+  /// False when another thread held it: the call is refused.
+  bool held() const noexcept { return held_; }
+
+private:
+  State& s_;
+  bool held_;
+};
+
+/// The buffers and registrations of one call, released when it ends.
+struct Communicator::CallMemory {
+  collective::OpMemory mem;                                             ///< What the schedule reads and writes.
+  collective::RegistrationCache* cache = nullptr;                       ///< Where `pinned` came from.
+  collective::RegistrationCache::Entry* pinned[2] = {nullptr, nullptr}; ///< Registrations used by this call (in, out).
+  CallMemory() = default;
+  CallMemory(const CallMemory&) = delete;
+  CallMemory& operator=(const CallMemory&) = delete;
+  ~CallMemory() {
+    if (cache != nullptr)
+      for (auto* e : pinned) cache->unpin(e);
+  }
+};
+
+TBVERBS_COLLECTIVE_DEF void MemoryRegistration::release() noexcept {
+  if (entry_ != nullptr)
+    if (auto c = cache_.lock()) c->release_owned(entry_);
+  cache_.reset();
+  entry_ = nullptr;
+}
+
+TBVERBS_COLLECTIVE_DEF Communicator::Communicator(Communicator&& o) noexcept {
+  const std::lock_guard<std::mutex> lock(o.guard_);
+  s_ = std::move(o.s_);
+}
+
+TBVERBS_COLLECTIVE_DEF Communicator& Communicator::operator=(Communicator&& o) noexcept {
+  if (this != &o) {
+    (void)close();
+    const std::scoped_lock lock(guard_, o.guard_);
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+
+TBVERBS_COLLECTIVE_DEF Communicator::~Communicator() { (void)close(); }
+
+TBVERBS_COLLECTIVE_DEF int Communicator::rank() const noexcept { return s_ ? s_->opts.rank : -1; }
+
+TBVERBS_COLLECTIVE_DEF int Communicator::size() const noexcept { return s_ ? s_->opts.size : 0; }
+
+TBVERBS_COLLECTIVE_DEF Result<MemoryRegistration> Communicator::register_memory(std::span<const std::byte> memory) {
+  std::shared_ptr<collective::RegistrationCache> cache;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    if (!s_) return fail(Error::make(Step::reg_mr, ErrorKind::invalid_argument, "register_memory on a moved-from or closed communicator"));
+    if (s_->broken) return fail(*s_->broken);
+    cache = s_->cache;
+  }
+  if (!cache) return MemoryRegistration({}, nullptr, memory.data(), memory.size()); // one rank: nothing to register
+  auto e = cache->add_owned(memory.data(), memory.size());
+  if (!e) return fail(e.error());
+  return MemoryRegistration(cache, *e, memory.data(), memory.size());
+}
+
+TBVERBS_COLLECTIVE_DEF std::size_t Communicator::forget_memory(const void* data, std::size_t bytes) {
+  std::shared_ptr<collective::RegistrationCache> cache;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    if (s_) cache = s_->cache;
+  }
+  return cache ? cache->forget(data, bytes) : 0;
+}
+
+TBVERBS_COLLECTIVE_DEF collective::Algorithm Communicator::algorithm_for(collective::Collective kind, std::size_t bytes) const noexcept {
+  return s_ && s_->net ? collective::choose(*s_->net, kind, bytes, s_->opts.algorithm) : collective::Algorithm::ring;
+}
+
+TBVERBS_COLLECTIVE_DEF std::string Communicator::algorithm_rule() const {
+  return s_ && s_->net ? collective::algorithm_rule(*s_->net, s_->opts.algorithm) : std::string("one rank: local copies");
+}
+
+TBVERBS_COLLECTIVE_DEF const collective::Network* Communicator::network() const noexcept { return s_ ? s_->net.get() : nullptr; }
+
+TBVERBS_COLLECTIVE_DEF std::vector<std::string> Communicator::traffic() const {
+  return s_ && s_->net ? s_->net->traffic() : std::vector<std::string>{};
+}
+
+TBVERBS_COLLECTIVE_DEF SideChannel& Communicator::side_channel() noexcept {
+  static SideChannel none;
+  return s_ ? s_->sc : none;
+}
+
+TBVERBS_COLLECTIVE_DEF std::uint64_t Communicator::registrations() const noexcept {
+  return s_ && s_->cache ? s_->cache->registrations() : 0;
+}
+
+TBVERBS_COLLECTIVE_DEF std::size_t Communicator::user_regions(std::size_t port) const {
+  return s_ && s_->cache ? s_->cache->regions(port) : 0;
+}
+
+TBVERBS_COLLECTIVE_DEF const CommunicatorOptions& Communicator::options() const noexcept {
+  static const CommunicatorOptions none;
+  return s_ ? s_->opts : none;
+}
+
+TBVERBS_COLLECTIVE_DEF const std::optional<Error>& Communicator::broken() const noexcept {
+  static const std::optional<Error> none;
+  return s_ ? s_->broken : none;
+}
+
+
+namespace detail {
+/// `e` with this rank's context: "rank 1, all_reduce (...), waiting for ...: <its detail>". The
+/// detail holds 255 characters. Where the detail is the whole story (two ranks' calls that
+/// differ, a peer's abort) it is kept whole and the context is what gets cut: a peer's abort
+/// keeps its own text first ("rank 0 aborted: ... (its error: ...); here: rank 1, ..."), a
+/// call_mismatch its calls at the end. Any other error keeps the context first (which rank, which
+/// step and what it waited for), cut at the end.
+inline Error in_context(Error e, const std::string& context) {
+  const std::string d(e.detail.view());
+  constexpr std::size_t capacity = sizeof(Error{}.detail.data) - 1;
+  if (d.empty()) {
+    e.with_detail(context);
+    return e;
+  }
+  if (e.is(ErrorKind::peer_aborted)) {
+    e.with_detail(d + "; here: " + context);
+    return e;
+  }
+  const std::size_t room = capacity > d.size() + 2 ? capacity - d.size() - 2 : 0;
+  if (!e.is(ErrorKind::call_mismatch) || context.size() <= room) e.with_detail(context + ": " + d);
+  else if (room >= 8) e.with_detail(context.substr(0, room - 3) + "...: " + d);
+  else e.with_detail(d);
+  return e;
+}
+
+/// The cabling of `rank` from discovered topology (the ring follows the cables; a fully connected
+/// job gets its mesh links), or the error naming the hops without a cable.
+inline Result<collective::Cabling> cabling_from_topology(const Topology& topo, int rank, int n,
+                                                         const std::function<void(const std::string&)>& log) {
+  auto order = topo.ring();
+  if (!order) return fail(order.error());
+  collective::Cabling c;
+  c.order = *order;
+  int pos = 0;
+  for (int i = 0; i < n; ++i)
+    if (c.order[static_cast<std::size_t>(i)] == rank) pos = i;
+  const int left = c.order[static_cast<std::size_t>((pos + n - 1) % n)];
+  const int right = c.order[static_cast<std::size_t>((pos + 1) % n)];
+  auto devices_to = [&](int peer) {
+    std::vector<std::string> d;
+    for (const auto& cable : topo.between(rank, peer)) {
+      d.push_back(topo.end(cable, rank).device);
+      if (log) log("cable to rank " + std::to_string(peer) + ": " + topo.describe_cable(cable));
+    }
+    return d;
+  };
+  if (n == 2) { // the cables shared out as a device file would: even ones position 0's rightward hop
+    const auto cables = devices_to(right);
+    std::vector<std::string> even, odd;
+    for (std::size_t k = 0; k < cables.size(); ++k) (k % 2 == 0 ? even : odd).push_back(cables[k]);
+    if (odd.empty()) odd = even;
+    c.right = pos == 0 ? even : odd;
+    c.left = pos == 0 ? odd : even;
+  } else {
+    c.right = devices_to(right);
+    c.left = devices_to(left);
+    c.mesh.assign(static_cast<std::size_t>(n), std::string());
+    for (int p = 0; p < n; ++p)
+      if (p != rank && p != left && p != right)
+        if (const auto cab = topo.between(rank, p); !cab.empty()) c.mesh[static_cast<std::size_t>(p)] = topo.end(cab.front(), rank).device;
+  }
+  return c;
+}
+
+/// `e`, or, when it is another rank's abort that says the ranks made different calls,
+/// call_mismatch: this rank's error is that too (the detail quotes the rank that saw it).
+inline Error as_claimed(Error e, const SideChannel& sc) {
+  if (e.is(ErrorKind::peer_aborted) && sc.abort_claim() == ErrorKind::call_mismatch) e.kind = ErrorKind::call_mismatch;
+  return e;
+}
+
+/// The side channel's options from a communicator's: its rank, size, coordinator and timeout, and
+/// the job token (the options' own, or one from the job's secret and the coordinator, or, without
+/// a secret, from the coordinator and the launcher's job id).
+inline SideChannelOptions side_channel_options(const CommunicatorOptions& o) {
+  SideChannelOptions sco;
+  sco.rank = o.rank;
+  sco.size = o.size;
+  sco.coordinator = o.coordinator;
+  sco.timeout = o.timeout;
+  sco.on_listening = o.on_listening;
+  if (o.job_token != 0) {
+    sco.job_token = o.job_token;
+    sco.secret_token = o.job_token_secret;
+    return sco;
+  }
+  if (!o.job_secret.empty()) {
+    sco.job_token = job_token("tbverbs communicator " + o.coordinator, o.job_secret);
+    sco.secret_token = true;
+    return sco;
+  }
+  std::string job_id;
+  for (const char* var : {"TBVERBS_JOB_ID", "SLURM_JOB_ID", "MLX_JOB_ID", "TORCHELASTIC_RUN_ID"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      job_id = v;
+      break;
+    }
+  sco.job_token = side_channel_token("tbverbs communicator " + o.coordinator + " " + job_id);
+  return sco;
+}
+} // namespace detail
+
+TBVERBS_COLLECTIVE_DEF void Communicator::abort(const Error& cause) noexcept {
+  const std::lock_guard<std::mutex> lock(guard_);
+  if (!s_ || s_->broken) return;
+  // The thread that uses the side channel tells the peers: a call running on another thread at
+  // its next check (within about 20 ms), or this one now when no call runs.
+  s_->sc.request_abort(cause);
+  Busy busy(*s_);
+  if (!busy.held()) return;
+  (void)s_->sc.check_peers();
+  s_->broken = cause;
+}
+
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::close() {
+  State* s = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    if (!s_) return {};
+    s = s_.get();
+  }
+  Result<void> r;
+  {
+    Busy busy(*s);
+    if (!busy.held()) { // a call runs on another thread: stop it, and wait until it has
+      s->sc.request_abort(Error::make(Step::collective, ErrorKind::invalid_argument,
+                                      "rank " + std::to_string(s->opts.rank) + " closed its communicator while a call ran on another thread"));
+      const auto until = std::chrono::steady_clock::now() + s->opts.timeout + std::chrono::seconds(1);
+      while (s->busy.load() != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (busy.held() && s->net && !s->broken && s->sc.valid()) {
+      s->sc.announce_leaving("after " + std::to_string(s->collectives) + " collective call" + (s->collectives == 1 ? "" : "s"),
+                             [s](int peer) {
+                               return LeavingCounts{s->collectives, s->sent[static_cast<std::size_t>(peer)],
+                                                    s->received[static_cast<std::size_t>(peer)]};
+                             });
+      r = s->sc.barrier();
+      if (!r) r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
+    }
+  }
+  std::unique_ptr<State> gone;
+  {
+    const std::lock_guard<std::mutex> lock(guard_);
+    gone = std::move(s_);
+  }
+  return r; // the state goes here: registrations, links, devices, then the side channel
+}
+
+TBVERBS_COLLECTIVE_DEF Error Communicator::broke(Error e, const std::string& what) {
+  // A failure that another rank's abort explains (a peer that found a mismatch and left: its QPs
+  // gone under this rank's sends) is reported as that abort, where the failure started; its
+  // frame left before that rank's QPs went, so it is here or about to be.
+  if (!e.is(ErrorKind::peer_aborted) && !e.is(ErrorKind::call_mismatch) && s_->sc.valid())
+    for (int i = 0; i < 3; ++i) {
+      if (auto p = s_->sc.check_peers(); !p && p.error().is(ErrorKind::peer_aborted)) {
+        e = p.error();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  e = detail::as_claimed(std::move(e), s_->sc);
+  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + what;
+  if (!s_->where.empty()) context += ", " + s_->where;
+  e = detail::in_context(std::move(e), context);
+  s_->broken = e;
+  if (s_->sc.valid()) s_->sc.abort(e); // the other ranks learn who failed, and why
+  return e;
+}
+
+TBVERBS_COLLECTIVE_DEF Result<std::unique_ptr<collective::Network>>
+Communicator::make_network(State& s, const CommunicatorOptions& o,
+                           const std::function<Result<void>(Error, const std::string&)>& context) {
+  collective::NetworkConfig cfg;
+  cfg.rank = o.rank;
+  cfg.size = o.size;
+  cfg.message_bytes = o.message_bytes;
+  cfg.window = o.window;
+  cfg.transport = o.transport;
+  cfg.timeout = o.timeout;
+  cfg.gid_wait = o.gid_wait;
+  cfg.log = o.log;
+  auto err = [&](Error e, const std::string& step) -> Result<std::unique_ptr<collective::Network>> {
+    return fail(context(std::move(e), step).error());
+  };
+  std::optional<Topology> topo;
+  if (o.cabling) {
+    cfg.cabling = *o.cabling;
+  } else if (!o.device_file.empty()) {
+    auto text = detail::read_small_file(o.device_file);
+    if (!text) return err(Error::make(Step::configure, ErrorKind::invalid_argument, "cannot read " + o.device_file), "reading the device file");
+    std::string problem;
+    auto cables = parse_device_file(*text, o.rank, problem);
+    if (!cables) return err(Error::make(Step::configure, ErrorKind::invalid_argument, o.device_file + ": " + problem), "reading the device file");
+    if (cables->ranks != o.size)
+      return err(Error::make(Step::configure, ErrorKind::invalid_argument,
+                             o.device_file + " lists " + std::to_string(cables->ranks) + " ranks, the job has " + std::to_string(o.size)),
+                 "reading the device file");
+    cfg.cabling.left = cables->left;
+    cfg.cabling.right = cables->right;
+    cfg.cabling.mesh = cables->others;
+  } else {
+    auto t = discover_topology(*s.lib, s.sc);
+    if (!t) return err(t.error(), "discovering the cables");
+    topo.emplace(std::move(*t));
+    if (o.log)
+      for (const auto& p : topo->problems()) o.log("topology: " + p);
+    auto cabling = detail::cabling_from_topology(*topo, o.rank, o.size, o.log);
+    if (!cabling) {
+      if (o.log)
+        for (const auto& cab : topo->cables()) o.log("topology: cable " + topo->describe_cable(cab));
+      return err(cabling.error(), "building the ring from the discovered cables");
+    }
+    cfg.cabling = std::move(*cabling);
+    if (o.log) {
+      std::string line;
+      for (int r : cfg.cabling.order) line += (line.empty() ? "" : " -> ") + std::to_string(r);
+      o.log("ring order " + line + " -> " + std::to_string(cfg.cabling.order[0]) + " (discovered, no device file)");
+    }
+  }
+  auto net = collective::Network::create(*s.lib, s.sc, std::move(cfg), s.where);
+  if (!net) {
+    Error e = net.error();
+    std::string step = "setting up the links (" + s.where + ")";
+    // Discovered cables whose RTR times out: the subnets pair these ports, the driver says they
+    // are not the ends of one cable (the addresses are crossed between cables).
+    if (topo && e.step == Step::modify_qp_rtr && e.is(ETIMEDOUT))
+      if (auto cab = topo->cable_of(o.rank, e.device.view()))
+        step += "; topology: crossed? the subnets pair " + topo->describe_cable(*cab) +
+                ", but RTR toward it timed out: give the two ends of each cable one /30 of their own";
+    return err(e, step);
+  }
+  return net;
+}
+
+TBVERBS_COLLECTIVE_DEF Result<Communicator> Communicator::connect(const CommunicatorOptions& o) {
+  auto invalid = [&](const std::string& d) { return fail(Error::make(Step::configure, ErrorKind::invalid_argument, d)); };
+  if (o.size < 1 || o.size > 64) return invalid("a communicator has 1 to 64 ranks, not " + std::to_string(o.size));
+  if (o.rank < 0 || o.rank >= o.size)
+    return invalid("rank " + std::to_string(o.rank) + " is outside the job's " + std::to_string(o.size) + " ranks");
+  if (o.message_bytes < frame_bytes || o.message_bytes % frame_bytes != 0)
+    return invalid("message_bytes must be a whole number of 4 KiB frames");
+  if (o.window < 1) return invalid("window must be at least 1");
+  if (o.timeout.count() <= 0) return invalid("timeout must be positive");
+  Communicator c;
+  c.s_ = std::make_unique<State>();
+  State& s = *c.s_;
+  s.opts = o;
+  s.sent.assign(static_cast<std::size_t>(o.size), 0);
+  s.received.assign(static_cast<std::size_t>(o.size), 0);
+  auto context = [&](Error e, const std::string& step) -> Result<void> {
+    e = detail::in_context(detail::as_claimed(std::move(e), s.sc), "rank " + std::to_string(o.rank) + ", " + step);
+    if (s.sc.valid()) s.sc.abort(e);
+    return fail(e);
+  };
+  if (o.size == 1) return c; // one rank: every collective is a local copy
+  if (o.coordinator.empty()) return invalid("no coordinator (host:port of rank 0)");
+  auto sc = SideChannel::connect(detail::side_channel_options(o));
+  if (!sc) return fail(context(sc.error(), "the side-channel rendezvous with " + o.coordinator).error());
+  s.sc = std::move(*sc);
+  auto lib = Library::load(o.library);
+  if (!lib) return fail(context(lib.error(), "loading the verbs library").error());
+  s.lib.emplace(*lib);
+  auto net = make_network(s, o, context);
+  if (!net) return fail(net.error());
+  s.net = std::move(*net);
+  s.engine.emplace(*s.net);
+  s.cache = std::make_shared<collective::RegistrationCache>(*s.net);
+  s.opts.message_bytes = s.net->config().message_bytes;
+  s.where.clear();
+  return c;
+}
+
+// No cable between the two ranks: the call's identity, then the bytes, over their TCP connection,
+// in frames within the side channel's frame cap (64 MiB by default). The receiver compares the
+// identity before it copies a byte.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run_on_side_channel(const collective::CallIdentity& id, std::span<const std::byte> in,
+                                                      std::span<std::byte> out) {
+  constexpr std::size_t chunk = std::size_t{32} << 20;
+  const bool sending = id.kind == collective::Collective::send;
+  const int peer = sending ? id.to : id.from;
+  if (sending) {
+    std::array<std::byte, collective::call_header_bytes> header;
+    collective::encode(id, header);
+    if (auto r = s_->sc.send_to(peer, header); !r) return r;
+    for (std::size_t off = 0; off < in.size(); off += chunk)
+      if (auto r = s_->sc.send_to(peer, in.subspan(off, std::min(chunk, in.size() - off))); !r) return r;
+    return {};
+  }
+  auto h = s_->sc.recv_from(peer);
+  if (!h) return fail(h.error());
+  const auto theirs = collective::decode_call(*h);
+  if (!theirs || theirs->rank != peer)
+    return fail(Error::make(Step::collective, ErrorKind::bad_frame, "rank " + std::to_string(peer) + " sent no call header before its data"));
+  if (!collective::same_call(id, *theirs)) return fail(collective::mismatch_error(id, *theirs));
+  for (std::size_t off = 0; off < out.size(); off += chunk) {
+    auto m = s_->sc.recv_from(peer);
+    if (!m) return fail(m.error());
+    const std::size_t want = std::min(chunk, out.size() - off);
+    if (m->size() != want)
+      return fail(Error::make(Step::collective, ErrorKind::result_mismatch,
+                              "rank " + std::to_string(peer) + " sent " + std::to_string(m->size()) + " bytes, recv expected " +
+                                  std::to_string(want) + " although both called the same"));
+    std::memcpy(out.data() + off, m->data(), want);
+  }
+  return {};
+}
+
+// Arguments every rank can check alone: refused before anything is sent, breaking nothing.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collective kind, DType t, std::span<const std::byte> in,
+                                           std::span<std::byte> out, int arg) const {
+  using collective::Collective;
+  const std::size_t es = dtype_size(t);
+  const int n = size(), me = rank();
+  auto invalid = [&](const std::string& d) {
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(collective::collective_name(kind)) + ": " + d));
+  };
+  if (in.size() % es != 0 || out.size() % es != 0) return invalid("sizes are not whole elements of " + std::string(dtype_name(t)));
+  const bool overlap = !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
+  if ((kind == Collective::broadcast) && (arg < 0 || arg >= n)) return invalid("root " + std::to_string(arg) + " is not a rank of 0.." + std::to_string(n - 1));
+  if ((kind == Collective::send || kind == Collective::recv) && (arg < 0 || arg >= n || arg == me))
+    return invalid("peer " + std::to_string(arg) + " is not another rank of 0.." + std::to_string(n - 1));
+  if (kind == Collective::all_reduce && overlap && in.data() != out.data()) return invalid("in and out overlap without being the same");
+  if (kind == Collective::all_gather && overlap && in.data() != out.data() + static_cast<std::size_t>(me) * in.size())
+    return invalid("in overlaps out without being this rank's block of it");
+  if (kind == Collective::reduce_scatter && overlap) return invalid("in and out overlap");
+  return {};
+}
+
+// The algorithm a call runs: all_reduce, all_gather and reduce_scatter choose by their bytes per
+// rank (all_reduce as the options ask); the others have one each.
+TBVERBS_COLLECTIVE_DEF collective::Algorithm Communicator::algorithm_of(collective::Collective kind, std::size_t in_bytes,
+                                                        std::size_t out_bytes) const {
+  using collective::Collective;
+  switch (kind) {
+  case Collective::all_reduce: return collective::choose(*s_->net, kind, in_bytes, s_->opts.algorithm);
+  case Collective::all_gather: return collective::choose(*s_->net, kind, in_bytes, collective::Algorithm::automatic);
+  case Collective::reduce_scatter: return collective::choose(*s_->net, kind, out_bytes, collective::Algorithm::automatic);
+  case Collective::barrier: return collective::choose(*s_->net, Collective::all_reduce, sizeof(std::int32_t), s_->opts.algorithm);
+  default: return collective::Algorithm::ring;
+  }
+}
+
+TBVERBS_COLLECTIVE_DEF collective::CallIdentity Communicator::identify(collective::Collective kind, DType t, ReduceOp op,
+                                                       std::size_t in_bytes, std::size_t out_bytes, int arg,
+                                                       collective::Algorithm algo) const {
+  using collective::Collective;
+  collective::CallIdentity id;
+  id.kind = kind;
+  id.type = t;
+  id.op = kind == Collective::all_reduce || kind == Collective::reduce_scatter ? op : ReduceOp::sum;
+  id.algorithm = algo;
+  const std::size_t es = dtype_size(t);
+  id.count = kind == Collective::reduce_scatter || kind == Collective::recv || kind == Collective::broadcast ? out_bytes / es
+             : kind == Collective::barrier                                                                 ? 0
+                                                                                                           : in_bytes / es;
+  id.rank = rank();
+  id.collective_seq = s_->collectives;
+  if (kind == Collective::broadcast) id.root = arg;
+  if (kind == Collective::send) {
+    id.from = rank();
+    id.to = arg;
+    id.pair_seq = s_->sent[static_cast<std::size_t>(arg)];
+  }
+  if (kind == Collective::recv) {
+    id.from = arg;
+    id.to = rank();
+    id.pair_seq = s_->received[static_cast<std::size_t>(arg)];
+  }
+  return id;
+}
+
+// The shape a schedule sees, and the user memory it moves registered or staged. The scratch
+// algorithms (latency, mesh) copy their vectors through the gather area and need none.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::prepare(collective::Collective kind, collective::Algorithm algo,
+                                          collective::OpShape& shape, CallMemory& cm) {
+  using collective::Collective;
+  collective::OpMemory& mem = cm.mem;
+  const bool may_register = s_->opts.memory == collective::Memory::registered;
+  const bool stage_all = s_->opts.memory == collective::Memory::staged;
+  cm.cache = s_->cache.get();
+  std::size_t k = 0;
+  auto lookup = [&](collective::OpMemory::Buffer& b) {
+    if (stage_all || b.bytes == 0 || k >= 2) return;
+    cm.pinned[k++] = s_->cache->find(b.data, b.bytes, may_register, b);
+  };
+  const bool scratch_algo = algo == collective::Algorithm::latency || (algo == collective::Algorithm::mesh && kind != Collective::reduce_scatter);
+  if (!scratch_algo && kind != Collective::barrier) {
+    if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output);
+    else if (kind == Collective::send) lookup(mem.input);
+    else {
+      if (!shape.in_place && kind != Collective::reduce_scatter) lookup(mem.output);
+      lookup(mem.input);
+      if (shape.in_place) mem.output = mem.input; // the same memory, the same registration
+    }
+  }
+  if (kind == Collective::reduce_scatter && algo == collective::Algorithm::ring) {
+    // The partial sums: a work buffer as large as the input, the communicator's own, registered
+    // as a cached entry (its pages never change while it lives).
+    if (!s_->work || s_->work->size() < mem.input.bytes) {
+      if (s_->work) s_->cache->forget(s_->work->data(), s_->work->size());
+      s_->work.reset();
+      auto w = AlignedBuffer::allocate(mem.input.bytes);
+      if (!w) return fail(w.error());
+      s_->work.emplace(std::move(*w));
+    }
+    mem.work.data = s_->work->data();
+    mem.work.bytes = mem.input.bytes;
+    if (!stage_all) cm.pinned[1] = s_->cache->find(mem.work.data, mem.work.bytes, true, mem.work);
+  }
+  return {};
+}
+
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::dispatch(collective::Algorithm algo, const collective::OpShape& shape,
+                                           const collective::OpMemory& mem, const collective::CallIdentity& id) {
+  using collective::Collective;
+  collective::Engine& engine = *s_->engine;
+  collective::Network& net = *s_->net;
+  if (shape.count == 0) {
+    collective::EmptySchedule plan;
+    return engine.run(plan, mem, id, s_->where);
+  }
+  switch (shape.kind) {
+  case Collective::broadcast: {
+    collective::ChainSchedule plan(net, shape);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  case Collective::send:
+  case Collective::recv: {
+    collective::PairSchedule plan(net, shape);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  default: break;
+  }
+  if (algo == collective::Algorithm::mesh) {
+    collective::MeshSchedule plan(net, shape, mem);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  if (algo == collective::Algorithm::latency) {
+    collective::LatencySchedule plan(net, shape, mem);
+    return engine.run(plan, mem, id, s_->where);
+  }
+  collective::RingSchedule plan(net, shape, mem);
+  return engine.run(plan, mem, id, s_->where);
+}
+
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                                      std::span<std::byte> out, int arg) {
+  using collective::Collective;
+  const std::string_view name = collective::collective_name(kind);
+  if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(name) + " on a moved-from or closed communicator"));
+  Busy busy(*s_);
+  if (!busy.held())
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string(name) + " called while another call of this communicator runs (one thread at a time)"));
+  if (s_->broken) return fail(*s_->broken);
+  if (s_->sc.abort_requested()) // abort() from another thread between calls: the peers are told now
+    if (auto r = s_->sc.check_peers(); !r) {
+      s_->broken = r.error();
+      return r;
+    }
+  if (auto v = validate(kind, t, in, out, arg); !v) return v;
+  if (!s_->net) { // one rank: local copies
+    if ((kind == Collective::all_reduce || kind == Collective::all_gather || kind == Collective::reduce_scatter) &&
+        in.data() != out.data() && !out.empty())
+      std::memmove(out.data(), in.data(), out.size());
+    return {};
+  }
+  collective::Network& net = *s_->net;
+  const collective::Algorithm algo = algorithm_of(kind, in.size(), out.size());
+  const collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
+  const std::size_t per_rank = kind == Collective::reduce_scatter ? out.size() : in.size();
+  if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > net.layout().vector_bytes)
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string(name) + ": the " + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
+                                std::to_string(net.layout().vector_bytes) + " bytes per rank, not " + std::to_string(per_rank)));
+  // From here the call counts: its number is in its identity.
+  if (id.point_to_point()) ++(kind == Collective::send ? s_->sent : s_->received)[static_cast<std::size_t>(arg)];
+  else ++s_->collectives;
+  s_->where.clear();
+  auto broken = [&](Error e) {
+    const std::string what = collective::describe(id) + " (" + std::string(collective::algorithm_name(algo)) + ")";
+    return fail(broke(std::move(e), what));
+  };
+
+  collective::OpShape shape;
+  shape.kind = kind == Collective::barrier ? Collective::all_reduce : kind;
+  shape.type = t;
+  shape.op = op;
+  CallMemory cm;
+  collective::OpMemory& mem = cm.mem;
+  mem.input.data = const_cast<std::byte*>(in.data());
+  mem.input.bytes = in.size();
+  mem.output.data = out.data();
+  mem.output.bytes = out.size();
+  const std::size_t es = dtype_size(t);
+  switch (kind) {
+  case Collective::all_reduce: shape.count = in.size() / es; shape.in_place = in.data() == out.data(); break;
+  case Collective::all_gather: shape.count = out.size() / es; break;
+  case Collective::reduce_scatter: shape.count = in.size() / es; break;
+  case Collective::broadcast: shape.count = out.size() / es; shape.root = arg; break;
+  case Collective::send:
+  case Collective::recv: shape.count = (kind == Collective::send ? in.size() : out.size()) / es; shape.peer = arg; break;
+  case Collective::barrier: {
+    if (!s_->small) {
+      auto b = AlignedBuffer::allocate(2 * sizeof(std::int32_t));
+      if (!b) return broken(b.error());
+      s_->small.emplace(std::move(*b));
+    }
+    shape.count = 1;
+    shape.in_place = true;
+    mem.input.data = mem.output.data = s_->small->data();
+    mem.input.bytes = mem.output.bytes = sizeof(std::int32_t);
+    break;
+  }
+  }
+  if (kind == Collective::send || kind == Collective::recv) {
+    // The link to the peer (the right cable 0 of the sender is the left cable 0 of the receiver;
+    // a mesh link both ways), or the side channel.
+    const bool sending = kind == Collective::send;
+    std::optional<std::size_t> link;
+    if (sending ? arg == net.right() : arg == net.left()) link = net.first(sending ? collective::Side::right : collective::Side::left);
+    else if (sending ? arg == net.left() : arg == net.right()) link = net.first(sending ? collective::Side::left : collective::Side::right);
+    else link = net.mesh_link(arg);
+    if (!link) {
+      if (auto r = run_on_side_channel(id, in, out); !r) return broken(r.error());
+      return {};
+    }
+    shape.link = *link;
+  }
+  if (shape.count > 0)
+    if (auto p = prepare(kind, algo, shape, cm); !p) return broken(p.error());
+  if (auto r = dispatch(algo, shape, mem, id); !r) return broken(r.error());
+  return {};
+}
+
+TBVERBS_NAMESPACE_END
