@@ -76,9 +76,10 @@ tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* what) {
   case c10d::ReduceOp::PRODUCT: return tbverbs::ReduceOp::prod;
   case c10d::ReduceOp::MIN: return tbverbs::ReduceOp::min;
   case c10d::ReduceOp::MAX: return tbverbs::ReduceOp::max;
+  case c10d::ReduceOp::AVG: return tbverbs::ReduceOp::avg; // floating-point tensors (the layer refuses integers)
   default: break;
   }
-  TORCH_CHECK(false, "tbverbs: ", what, ": only SUM, PRODUCT, MIN and MAX are supported (AVG, the bitwise ops and "
+  TORCH_CHECK(false, "tbverbs: ", what, ": only SUM, PRODUCT, MIN, MAX and AVG are supported (the bitwise ops and "
               "PREMUL_SUM are not)");
 }
 

@@ -78,7 +78,8 @@ template <class T> constexpr const char* type_name() {
 double input(ReduceOp op, int r, std::size_t i) {
   const auto k = static_cast<long long>(i % 1009);
   switch (op) {
-  case ReduceOp::sum: return static_cast<double>((r * 7 + k * 3) % 4);
+  case ReduceOp::sum:
+  case ReduceOp::avg: return static_cast<double>((r * 7 + k * 3) % 4);
   case ReduceOp::prod: return 1.0 + static_cast<double>((r + k) % 2);
   case ReduceOp::min:
   case ReduceOp::max: return static_cast<double>((r * 5 + k * 11) % 9) - 4.0;
@@ -87,17 +88,20 @@ double input(ReduceOp op, int r, std::size_t i) {
 }
 double combine(ReduceOp op, double a, double b) {
   switch (op) {
-  case ReduceOp::sum: return a + b;
+  case ReduceOp::sum:
+  case ReduceOp::avg: return a + b;
   case ReduceOp::prod: return a * b;
   case ReduceOp::min: return a < b ? a : b;
   case ReduceOp::max: return a > b ? a : b;
   }
   return 0;
 }
+// avg: the exact sum (an integer below 32) divided by n in double; rounded once to T it is what
+// the layer's one division in T gives (a quotient of small integers is never a rounding tie).
 double reduced(ReduceOp op, int n, std::size_t i) {
   double v = input(op, 0, i);
   for (int r = 1; r < n; ++r) v = combine(op, v, input(op, r, i));
-  return v;
+  return op == ReduceOp::avg ? v / n : v;
 }
 
 template <class T>
@@ -128,8 +132,18 @@ bool ok(const tbverbs::Result<void>& r, const std::string& what) {
 template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) {
   const int n = c.size(), me = c.rank();
   const std::string tag = std::string(type_name<T>()) + " x " + std::to_string(count);
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
     const std::string where = tag + " " + std::string(tbverbs::reduce_op_name(op));
+    if (op == ReduceOp::avg && std::is_integral_v<T>) { // refused before anything is sent: breaks nothing
+      Buf<T> v(c, count, T{1});
+      auto r = c.all_reduce(std::span<T>(v), op);
+      if (r || !r.error().is(tbverbs::ErrorKind::invalid_argument) || r.error().message().find("avg") == std::string::npos)
+        failed("all_reduce " + where + ": not refused as invalid_argument naming avg" +
+               (r ? std::string() : ": " + r.error().message()));
+      Buf<T> rs(c, count * static_cast<std::size_t>(n), T{1}), rs_out(c, count);
+      if (c.reduce_scatter(std::span<T>(rs), std::span<T>(rs_out), op)) failed("reduce_scatter " + where + ": not refused");
+      continue;
+    }
     Buf<T> in(c, count), want(c, count);
     for (std::size_t i = 0; i < count; ++i) {
       in[i] = from_double<T>(input(op, me, i));

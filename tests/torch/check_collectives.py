@@ -73,6 +73,10 @@ def main():
                 t = values(rank, count, dtype, op=op)
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
                 expect(f"all_reduce {op} {tag}", t, combined(world, count, dtype, op))
+            if dtype.is_floating_point:  # AVG: the sum divided by the ranks once (integers: refused below)
+                t = values(rank, count, dtype)
+                dist.all_reduce(t, op=dist.ReduceOp.AVG)
+                expect(f"all_reduce AVG {tag}", t, (combined(world, count, torch.float64, "SUM") / world).to(dtype))
             # async: the Work completes with the collective
             t = values(rank, count, dtype, salt=1)
             work = dist.all_reduce(t, async_op=True)
@@ -139,9 +143,10 @@ def main():
         raise AssertionError(f"rank {rank}: {what} was accepted")
 
     refused("a uint8 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint8)), "not supported")
+    refused("AVG of int32", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG), "avg")
     refused("a non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4).t()), "not contiguous")
     refused("the bitwise AND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND),
-            "only SUM, PRODUCT, MIN and MAX")
+            "only SUM, PRODUCT, MIN, MAX and AVG")
     refused("a wrong output size",
             lambda: dist.all_gather_into_tensor(torch.zeros(world * 4 + 1), torch.zeros(4)), "elements")
     refused("a send to this rank", lambda: dist.send(torch.ones(2), rank), "not another rank")

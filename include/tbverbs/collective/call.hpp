@@ -109,7 +109,7 @@ inline std::optional<CallIdentity> decode_call(std::span<const std::byte> in) no
   const auto k = static_cast<std::uint8_t>(p[5]), t = static_cast<std::uint8_t>(p[6]), o = static_cast<std::uint8_t>(p[7]),
              a = static_cast<std::uint8_t>(p[8]);
   if (k > static_cast<std::uint8_t>(Collective::barrier) || t > static_cast<std::uint8_t>(DType::bf16) ||
-      o > static_cast<std::uint8_t>(ReduceOp::max) || a > static_cast<std::uint8_t>(Algorithm::mesh))
+      o > static_cast<std::uint8_t>(ReduceOp::avg) || a > static_cast<std::uint8_t>(Algorithm::mesh))
     return std::nullopt;
   CallIdentity c;
   c.kind = static_cast<Collective>(k);

@@ -1,5 +1,5 @@
 /// @file collective/communicator.hpp
-/// `Communicator`: the collectives a program calls: all_reduce (sum, prod, min, max),
+/// `Communicator`: the collectives a program calls: all_reduce (sum, prod, min, max, avg),
 /// all_gather, reduce_scatter, broadcast, send, recv and barrier over typed spans, every call a
 /// `Result<void>` bounded by the options' timeout. docs/collectives.md is its guide.
 ///
@@ -279,8 +279,8 @@ private:
   }
   Result<void> run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                    std::span<std::byte> out, int root_or_peer);
-  Result<void> validate(collective::Collective kind, DType t, std::span<const std::byte> in, std::span<std::byte> out,
-                        int arg) const;
+  Result<void> validate(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                        std::span<std::byte> out, int arg) const;
   collective::CallIdentity identify(collective::Collective kind, DType t, ReduceOp op, std::size_t in_bytes,
                                     std::size_t out_bytes, int arg, collective::Algorithm algo) const;
   collective::Algorithm algorithm_of(collective::Collective kind, std::size_t in_bytes, std::size_t out_bytes) const;

@@ -137,19 +137,25 @@ template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 template <class T>
 concept CollectiveElement = requires { dtype_of<std::remove_cv_t<T>>::value; } && sizeof(T) == dtype_size(dtype_of<std::remove_cv_t<T>>::value);
 
-/// How all_reduce and reduce_scatter combine the ranks' elements.
-enum class ReduceOp : std::uint8_t { sum, prod, min, max };
+/// How all_reduce and reduce_scatter combine the ranks' elements. `avg` is the sum divided by the
+/// number of ranks, once, after the sum (ncclAvg's result): floating-point element types only (an
+/// integer average is refused at the call: round it as your program needs, from a sum).
+enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
 
-/// "sum", "prod", "min", "max".
+/// "sum", "prod", "min", "max", "avg" (nccl-tests' names).
 constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
   switch (op) {
   case ReduceOp::sum: return "sum";
   case ReduceOp::prod: return "prod";
   case ReduceOp::min: return "min";
   case ReduceOp::max: return "max";
+  case ReduceOp::avg: return "avg";
   }
   return "?";
 }
+
+/// True for the floating-point element types (float32, float64, float16, bfloat16).
+constexpr bool dtype_is_floating(DType t) noexcept { return t != DType::i32 && t != DType::i64; }
 
 namespace collective {
 /// The element-wise loops behind reduce(): one per (type, op), so the compiler vectorises the sum
@@ -164,7 +170,9 @@ template <class T, class F> inline void apply(T* d, const T* a, const T* b, std:
 template <class T> inline void combine(ReduceOp op, T* d, const T* a, const T* b, std::size_t n) noexcept {
   using Wide = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>, std::type_identity<T>>::type;
   switch (op) {
-  case ReduceOp::sum: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(static_cast<Wide>(x) + static_cast<Wide>(y)); }); break;
+  case ReduceOp::sum:
+  case ReduceOp::avg: // the sum; the division comes once, at the end (divide())
+    apply(d, a, b, n, [](T x, T y) { return static_cast<T>(static_cast<Wide>(x) + static_cast<Wide>(y)); }); break;
   case ReduceOp::prod: apply(d, a, b, n, [](T x, T y) { return static_cast<T>(static_cast<Wide>(x) * static_cast<Wide>(y)); }); break;
   case ReduceOp::min: apply(d, a, b, n, [](T x, T y) { return y < x ? y : x; }); break;
   case ReduceOp::max: apply(d, a, b, n, [](T x, T y) { return x < y ? y : x; }); break;
@@ -176,7 +184,8 @@ template <class H> inline void combine16(ReduceOp op, H* d, const H* a, const H*
     const float x = a[i].to_float(), y = b[i].to_float();
     float r = 0;
     switch (op) {
-    case ReduceOp::sum: r = x + y; break;
+    case ReduceOp::sum:
+    case ReduceOp::avg: r = x + y; break;
     case ReduceOp::prod: r = x * y; break;
     case ReduceOp::min: r = y < x ? y : x; break;
     case ReduceOp::max: r = x < y ? y : x; break;
@@ -219,6 +228,26 @@ inline void reduce(ReduceOp op, DType t, void* dst, const void* a, const void* b
     kernels::combine16(op, static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(a), static_cast<const bfloat16*>(b),
                        n);
     break;
+  }
+}
+
+/// dst[i] /= ranks for `n` elements of the floating-point type `t` (ReduceOp::avg's last step; the
+/// 16-bit types divided in float32 and rounded once). Integer types are left as they are.
+inline void divide(DType t, void* dst, std::size_t n, int ranks) noexcept {
+  auto each = [&](auto* d) {
+    for (std::size_t i = 0; i < n; ++i) d[i] /= static_cast<std::remove_pointer_t<decltype(d)>>(ranks);
+  };
+  auto each16 = [&](auto* d) {
+    using H = std::remove_pointer_t<decltype(d)>;
+    for (std::size_t i = 0; i < n; ++i) d[i] = H::from_float(d[i].to_float() / static_cast<float>(ranks));
+  };
+  switch (t) {
+  case DType::f32: each(static_cast<float*>(dst)); break;
+  case DType::f64: each(static_cast<double*>(dst)); break;
+  case DType::f16: each16(static_cast<float16*>(dst)); break;
+  case DType::bf16: each16(static_cast<bfloat16*>(dst)); break;
+  case DType::i32:
+  case DType::i64: break;
   }
 }
 } // namespace collective

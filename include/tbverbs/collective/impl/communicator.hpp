@@ -466,8 +466,9 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run_on_side_channel(const coll
 }
 
 // Arguments every rank can check alone: refused before anything is sent, breaking nothing.
-TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collective kind, DType t, std::span<const std::byte> in,
-                                           std::span<std::byte> out, int arg) const {
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collective kind, DType t, ReduceOp op,
+                                                         std::span<const std::byte> in, std::span<std::byte> out,
+                                                         int arg) const {
   using collective::Collective;
   const std::size_t es = dtype_size(t);
   const int n = size(), me = rank();
@@ -475,6 +476,9 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collectiv
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(collective::collective_name(kind)) + ": " + d));
   };
   if (in.size() % es != 0 || out.size() % es != 0) return invalid("sizes are not whole elements of " + std::string(dtype_name(t)));
+  if (op == ReduceOp::avg && !dtype_is_floating(t) && (kind == Collective::all_reduce || kind == Collective::reduce_scatter))
+    return invalid("avg of " + std::string(dtype_name(t)) +
+                   " elements: avg is defined for floating-point types; for integers, sum and divide as you need");
   const bool overlap = !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
   if ((kind == Collective::broadcast) && (arg < 0 || arg >= n)) return invalid("root " + std::to_string(arg) + " is not a rank of 0.." + std::to_string(n - 1));
   if ((kind == Collective::send || kind == Collective::recv) && (arg < 0 || arg >= n || arg == me))
@@ -618,7 +622,7 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
       s_->broken = r.error();
       return r;
     }
-  if (auto v = validate(kind, t, in, out, arg); !v) return v;
+  if (auto v = validate(kind, t, op, in, out, arg); !v) return v;
   if (!s_->net) { // one rank: local copies
     if ((kind == Collective::all_reduce || kind == Collective::all_gather || kind == Collective::reduce_scatter) &&
         in.data() != out.data() && !out.empty())
@@ -690,6 +694,8 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
   if (shape.count > 0)
     if (auto p = prepare(kind, algo, shape, cm); !p) return broken(p.error());
   if (auto r = dispatch(algo, shape, mem, id); !r) return broken(r.error());
+  if (op == ReduceOp::avg && (kind == Collective::all_reduce || kind == Collective::reduce_scatter))
+    collective::divide(t, out.data(), out.size() / es, size()); // every rank holds the sum now
   return {};
 }
 
