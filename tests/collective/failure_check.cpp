@@ -18,7 +18,7 @@
 // Exit 0 when every rank saw what it should; each problem is a line with FAIL.
 #include <tbverbs/collective.hpp>
 
-#include "../../examples/ring_all_sum/launcher.hpp"
+#include "check_main.hpp"
 
 #include <unistd.h>
 
@@ -196,26 +196,5 @@ int run_rank(const std::string& only) {
 } // namespace
 
 int main(int argc, char** argv) {
-  ring::LocalOptions lo;
-  lo.ranks = 0;
-  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
-  lo.timeout = std::chrono::milliseconds(240000);
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--local" && i + 1 < argc) lo.ranks = std::atoi(argv[++i]);
-    else if (a == "--only" && i + 1 < argc) {
-      only = argv[++i];
-      lo.args = {"--only", only};
-    } else if (a == "--link-latency-us" && i + 1 < argc) {
-      lo.link.latency_us = std::atof(argv[++i]); // messages arrive this long after their send completed
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (lo.ranks > 0) {
-    return ring::run_local(lo);
-  }
-  return run_rank(only);
+  return check::main(argc, argv, true, [](const std::string& only) { return run_rank(only); });
 }

@@ -12,7 +12,7 @@
 // Exit 0 when every scenario behaved; each problem is a line with FAIL.
 #include <tbverbs/collective.hpp>
 
-#include "../../examples/ring_all_sum/launcher.hpp"
+#include "check_main.hpp"
 
 #include <unistd.h>
 
@@ -260,37 +260,5 @@ int run_rank(const std::string& only) {
 } // namespace
 
 int main(int argc, char** argv) {
-  ring::LocalOptions lo;
-  lo.ranks = 0;
-  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
-  lo.timeout = std::chrono::milliseconds(240000);
-  std::vector<std::string> rank_args;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--local") lo.ranks = std::atoi(value().c_str());
-    else if (a == "--profile") lo.profile = value();
-    else if (a == "--mesh") lo.mesh = true;
-    else if (a == "--quirk") lo.quirks.push_back(value());
-    else if (a == "--only") {
-      only = value();
-      rank_args.push_back(a);
-      rank_args.push_back(only);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (lo.ranks > 0) {
-    lo.args = rank_args;
-    return ring::run_local(lo);
-  }
-  return run_rank(only);
+  return check::main(argc, argv, true, [](const std::string& only) { return run_rank(only); });
 }

@@ -14,7 +14,7 @@
 // Exit 0 when every result matched; each problem is a line with FAIL.
 #include <tbverbs/collective.hpp>
 
-#include "../../examples/ring_all_sum/launcher.hpp"
+#include "check_main.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -155,22 +155,5 @@ int run_rank() {
 } // namespace
 
 int main(int argc, char** argv) {
-  ring::LocalOptions lo;
-  lo.ranks = 0;
-  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
-  lo.timeout = std::chrono::milliseconds(240000);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--local" && i + 1 < argc) lo.ranks = std::atoi(argv[++i]);
-    else if (a == "--profile" && i + 1 < argc) lo.profile = argv[++i];
-    else if (a == "--quirk" && i + 1 < argc) lo.quirks.push_back(argv[++i]);
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (lo.ranks > 0) {
-    return ring::run_local(lo);
-  }
-  return run_rank();
+  return check::main(argc, argv, false, [](const std::string&) { return run_rank(); });
 }

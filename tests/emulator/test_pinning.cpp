@@ -187,6 +187,37 @@ struct Pair {
   }
 };
 
+// What the child of a two-process test tells the parent: its QP and the rkey and address of the
+// region the parent may read or write.
+struct PeerInfo {
+  uint32_t qpn, rkey;
+  uint64_t addr;
+};
+
+// The child's half of the handshake (on hostB): sends `info`, takes the parent's QP number and,
+// when `rc` is 0, connects `b` to it. Returns `rc`, or 12 when a transition failed.
+int child_connect(const Child& ch, Side& b, const PeerInfo& info, int rc) {
+  (void)!write(ch.up, &info, sizeof info);
+  uint32_t peer = 0;
+  (void)!read(ch.down, &peer, 4);
+  if (!rc && (to_init(b.qp, kRw) || to_rtr(b.qp, peer, make_v4_gid(10, 0, 0, 1), 1) || to_rts(b.qp))) rc = 12;
+  return rc;
+}
+
+// The parent's half (on hostA): the child's PeerInfo, `a` connected to its QP, this QP's number
+// sent back.
+PeerInfo parent_connect(const Child& ch, Side& a) {
+  PeerInfo info{};
+  REQUIRE(read(ch.up, &info, sizeof info) == sizeof info);
+  REQUIRE(info.qpn != 0);
+  REQUIRE(to_init(a.qp, kRw) == 0);
+  REQUIRE(to_rtr(a.qp, info.qpn, make_v4_gid(10, 0, 0, 2), 1) == 0);
+  REQUIRE(to_rts(a.qp) == 0);
+  const uint32_t mine = a.qp->qp_num;
+  REQUIRE(write(ch.down, &mine, 4) == 4);
+  return info;
+}
+
 }  // namespace
 
 TEST_CASE("pinning: ibv_reg_mr of a range that is not mapped fails with EFAULT, as ib_umem_get does",
@@ -514,18 +545,12 @@ TEST_CASE("pinning: across two processes, a remapped target is left untouched an
     ibv_mr* rmr = rc ? nullptr : ibv_reg_mr(b.pd, rb.p, rb.len(), IBV_ACCESS_LOCAL_WRITE);
     ibv_mr* wmr = rc ? nullptr : ibv_reg_mr(b.pd, rw.p, rw.len(), kRw);
     if (!rmr || !wmr) rc = 11;
-    struct {
-      uint32_t qpn, rkey;
-      uint64_t addr;
-    } info{rc ? 0 : b.qp->qp_num, wmr ? wmr->rkey : 0, reinterpret_cast<uint64_t>(rw.p)};
-    (void)!write(ch.up, &info, sizeof info);
-    uint32_t peer = 0;
-    (void)!read(ch.down, &peer, 4);
-    if (!rc && (to_init(b.qp, kRw) || to_rtr(b.qp, peer, make_v4_gid(10, 0, 0, 1), 1) || to_rts(b.qp))) rc = 12;
+    rc = child_connect(ch, b, {rc ? 0 : b.qp->qp_num, wmr ? wmr->rkey : 0, reinterpret_cast<uint64_t>(rw.p)}, rc);
     if (!rc && post_recv_at(b.qp, 1, rb.p, len, rmr->lkey)) rc = 13;
     if (!rc && !(rb.remap() && rw.remap())) rc = 14;
     (void)!write(ch.up, &rc, 4);
-    (void)!read(ch.down, &peer, 4);  // the parent is done
+    uint32_t done = 0;
+    (void)!read(ch.down, &done, 4);  // the parent is done
     ibv_wc wc{};
     if (!rc && !(poll_one(b.cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == len)) rc = 15;
     if (!rc && !(rb.all(0) && rw.all(0))) rc = 16;
@@ -533,17 +558,7 @@ TEST_CASE("pinning: across two processes, a remapped target is left untouched an
     if (wmr) ibv_dereg_mr(wmr);
     _exit(rc);
   }
-  struct {
-    uint32_t qpn, rkey;
-    uint64_t addr;
-  } info{};
-  REQUIRE(read(ch.up, &info, sizeof info) == sizeof info);
-  REQUIRE(info.qpn != 0);
-  REQUIRE(to_init(a.qp, kRw) == 0);
-  REQUIRE(to_rtr(a.qp, info.qpn, make_v4_gid(10, 0, 0, 2), 1) == 0);
-  REQUIRE(to_rts(a.qp) == 0);
-  const uint32_t mine = a.qp->qp_num;
-  REQUIRE(write(ch.down, &mine, 4) == 4);
+  const PeerInfo info = parent_connect(ch, a);
   int crc = -1;
   REQUIRE(read(ch.up, &crc, 4) == 4);
   REQUIRE(crc == 0);
@@ -561,7 +576,8 @@ TEST_CASE("pinning: across two processes, a remapped target is left untouched an
   CHECK(wc.status == IBV_WC_SUCCESS);
   CHECK(all_bytes(a.buf.data(), len, 0xdb));
   CHECK(stale_count(f, "hostB", "rdma_en1") == 3);
-  REQUIRE(write(ch.down, &mine, 4) == 4);
+  const uint32_t done = 1;
+  REQUIRE(write(ch.down, &done, 4) == 4);  // the parent is done
   const int code = ch.wait_exit();
   INFO("child exit " << code << " (15: its receive did not complete successfully, 16: its new pages were written)");
   CHECK(code == 0);
@@ -631,14 +647,7 @@ TEST_CASE("pinning: across two processes, after clean transfers a remap of the o
     Pages rb(kFastPages);
     ibv_mr* mr = rc ? nullptr : ibv_reg_mr(b.pd, rb.p, rb.len(), kRw);
     if (!mr) rc = 11;
-    struct {
-      uint32_t qpn, rkey;
-      uint64_t addr;
-    } info{rc ? 0 : b.qp->qp_num, mr ? mr->rkey : 0, reinterpret_cast<uint64_t>(rb.p)};
-    (void)!write(ch.up, &info, sizeof info);
-    uint32_t peer = 0;
-    (void)!read(ch.down, &peer, 4);
-    if (!rc && (to_init(b.qp, kRw) || to_rtr(b.qp, peer, make_v4_gid(10, 0, 0, 1), 1) || to_rts(b.qp))) rc = 12;
+    rc = child_connect(ch, b, {rc ? 0 : b.qp->qp_num, mr ? mr->rkey : 0, reinterpret_cast<uint64_t>(rb.p)}, rc);
     int posted = 0;
     for (char order = 0; read(ch.down, &order, 1) == 1 && order != 'q';) {
       char ok = 'y';
@@ -657,17 +666,7 @@ TEST_CASE("pinning: across two processes, after clean transfers a remap of the o
     if (mr) ibv_dereg_mr(mr);
     _exit(rc);
   }
-  struct {
-    uint32_t qpn, rkey;
-    uint64_t addr;
-  } info{};
-  REQUIRE(read(ch.up, &info, sizeof info) == sizeof info);
-  REQUIRE(info.qpn != 0);
-  REQUIRE(to_init(a.qp, kRw) == 0);
-  REQUIRE(to_rtr(a.qp, info.qpn, make_v4_gid(10, 0, 0, 2), 1) == 0);
-  REQUIRE(to_rts(a.qp) == 0);
-  const uint32_t mine = a.qp->qp_num;
-  REQUIRE(write(ch.down, &mine, 4) == 4);
+  const PeerInfo info = parent_connect(ch, a);
   auto order = [&](char o) {
     char ok = 0;
     return write(ch.down, &o, 1) == 1 && read(ch.up, &ok, 1) == 1 && ok == 'y';

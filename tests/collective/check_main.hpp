@@ -1,0 +1,51 @@
+// The command line the scenario checks share (mismatch_check, failure_check, registration_check):
+//   --local N            start N ranks of this program on an emulated ring (tbverbs-emu run)
+//   --profile P, --mesh, --quirk Q, --link-latency-us L   the fabric those ranks run on
+//   --only NAME          one scenario (given to every rank), where the check has scenarios
+// Without --local this process is one rank of a job its launcher started: run_rank(only).
+#pragma once
+
+#include "../../examples/ring_all_sum/launcher.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace check {
+
+/// Parses the command line, then runs the job (--local) or this rank. `run_rank(only)` returns the
+/// rank's exit status. Exit 2 for an unknown option, a missing value, or --only where
+/// `has_scenarios` is false.
+template <class RunRank> int main(int argc, char** argv, bool has_scenarios, RunRank run_rank) {
+  ring::LocalOptions lo;
+  lo.ranks = 0;
+  lo.emu_library = TBVERBS_EMU_LIBRARY_PATH;
+  lo.timeout = std::chrono::milliseconds(240000);
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--local") lo.ranks = std::atoi(value().c_str());
+    else if (a == "--profile") lo.profile = value();
+    else if (a == "--mesh") lo.mesh = true;
+    else if (a == "--quirk") lo.quirks.push_back(value());
+    else if (a == "--link-latency-us") lo.link.latency_us = std::atof(value().c_str()); // arrival after send completion
+    else if (a == "--only" && has_scenarios) {
+      only = value();
+      lo.args = {"--only", only};
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  return lo.ranks > 0 ? ring::run_local(lo) : run_rank(only);
+}
+
+} // namespace check
