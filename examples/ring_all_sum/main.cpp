@@ -73,19 +73,25 @@ std::size_t index_period(DType t) {
   case DType::f32: return 4093;
   case DType::f16: return 1024;  // |sum| <= 3 x 64 + 1023 < 2048: exact in binary16
   case DType::bf16: return 16;   // |sum| <= 3 x 64 + 15 < 256: exact with 8 significant bits
+  case DType::i8: return 64;     // |element| <= 3 + 63 < 128: min and max compare what was sent
+  case DType::u8: return 128;    // 0 <= element <= 6 + 127 < 256
   default: return 1048573;
   }
 }
 
 // base(r, k) with rank 0's index term left out, as a double (exact in every type).
+// Unsigned types get non-negative bases (min and max compare them unsigned); integer sums and
+// products may wrap: the expected values wrap the same way (to_element).
 double base_value(DType t, int r, std::size_t k) {
-  const bool narrow = t == DType::f16 || t == DType::bf16;  // |base| <= 3: sums of 64 ranks stay exact
+  const bool narrow = t == DType::f16 || t == DType::bf16 || t == DType::i8 || t == DType::u8; // |base| <= 3: sums of 64 ranks stay exact
+  const bool is_unsigned = t == DType::u8 || t == DType::u32 || t == DType::u64;
   const long long mix = static_cast<long long>(k * 7 + static_cast<std::size_t>(r) * 13);
-  const double base = static_cast<double>(narrow ? mix % 7 - 3 : mix % 61 - 30);
+  const double base = static_cast<double>(narrow ? mix % 7 - 3 : mix % 61 - 30) + (is_unsigned ? (narrow ? 3 : 30) : 0);
   switch (t) {
   case DType::f32: return base + 0.25 * r;
   case DType::f64: return base + 0.5 * (r + 1) + (r + 1) * 1073741824.0;
-  case DType::i64: return base + static_cast<double>(static_cast<long long>(r + 1) << 33);
+  case DType::i64:
+  case DType::u64: return base + static_cast<double>(static_cast<long long>(r + 1) << 33);
   default: return base;
   }
 }
@@ -112,7 +118,7 @@ struct Pattern {
         rank_base[static_cast<std::size_t>(r) * kPeriod + k] = v;
         if (op == ReduceOp::prod) c *= v;
         else if (r == 1) c = v;
-        else if (r > 1) c = op == ReduceOp::sum ? c + v : op == ReduceOp::min ? std::min(c, v) : std::max(c, v);
+        else if (r > 1) c = op == ReduceOp::min ? std::min(c, v) : op == ReduceOp::max ? std::max(c, v) : c + v; // sum, avg
       }
       combined[k] = c;
     }
@@ -130,38 +136,33 @@ struct Pattern {
     const double r0 = rank_base[k] + static_cast<double>(i % period);
     if (n == 1) return r0;
     switch (op) {
-    case ReduceOp::sum: return r0 + combined[k];
     case ReduceOp::min: return std::min(r0, combined[k]);
-    default: return std::max(r0, combined[k]);
+    case ReduceOp::max: return std::max(r0, combined[k]);
+    default: return r0 + combined[k]; // sum; avg's sum (check() divides it as the layer does)
     }
   }
 };
 
 template <class T> T to_element(double v) {
   if constexpr (std::is_same_v<T, tbverbs::float16> || std::is_same_v<T, tbverbs::bfloat16>) return T::from_float(static_cast<float>(v));
+  else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<long long>(v)); // wraps, as the layer's integers do
   else return static_cast<T>(v);
+}
+// avg's result from the exact sum: rounded to T, then divided by the ranks once in T (16-bit
+// types in float32), as docs/collectives.md defines ReduceOp::avg.
+template <class T> T average(double sum, int n) {
+  const T s = to_element<T>(sum);
+  if constexpr (std::is_same_v<T, tbverbs::float16> || std::is_same_v<T, tbverbs::bfloat16>) return T::from_float(s.to_float() / static_cast<float>(n));
+  else return static_cast<T>(s / static_cast<T>(n));
 }
 template <class T> double from_element(T v) {
   if constexpr (std::is_same_v<T, tbverbs::float16> || std::is_same_v<T, tbverbs::bfloat16>) return v.to_float();
   else return static_cast<double>(v);
 }
 
-// Calls f.template operator()<T>() with the C++ type of `t`.
-template <class F> decltype(auto) with_type(DType t, F&& f) {
-  switch (t) {
-  case DType::f32: return f.template operator()<float>();
-  case DType::f64: return f.template operator()<double>();
-  case DType::i32: return f.template operator()<std::int32_t>();
-  case DType::i64: return f.template operator()<std::int64_t>();
-  case DType::f16: return f.template operator()<tbverbs::float16>();
-  case DType::bf16: return f.template operator()<tbverbs::bfloat16>();
-  }
-  return f.template operator()<float>();
-}
-
 // dst[j] = rank r's element first + j, for j < count.
 void fill(const Pattern& p, int r, std::size_t first, std::byte* dst, std::size_t count) {
-  with_type(p.type, [&]<class T>() {
+  tbverbs::with_dtype(p.type, [&]<class T>() {
     T* d = reinterpret_cast<T*>(dst);
     for (std::size_t j = 0; j < count; ++j) d[j] = to_element<T>(p.input(r, first + j));
   });
@@ -169,11 +170,11 @@ void fill(const Pattern& p, int r, std::size_t first, std::byte* dst, std::size_
 // Mismatches of got[j] against want(first + j); prints the first few.
 template <class Want>
 std::size_t check(const Pattern& p, int rank, std::size_t first, const std::byte* got, std::size_t count, Want want) {
-  return with_type(p.type, [&]<class T>() -> std::size_t {
+  return tbverbs::with_dtype(p.type, [&]<class T>() -> std::size_t {
     const T* g = reinterpret_cast<const T*>(got);
     std::size_t bad = 0;
     for (std::size_t j = 0; j < count; ++j) {
-      const T w = to_element<T>(want(first + j));
+      const T w = p.op == ReduceOp::avg ? average<T>(want(first + j), p.n) : to_element<T>(want(first + j));
       if (!(g[j] == w)) {
         if (bad < 5)
           std::printf("rank %d: MISMATCH at element %zu: got %.17g, expected %.17g\n", rank, first + j,
@@ -222,15 +223,90 @@ int fail_rank(int rank, const std::string& where, const tbverbs::Error& e) {
 }
 
 // What each collective's table row means, in nccl-tests' conventions: `size` is the whole vector
-// (all_reduce's and broadcast's buffer, all_gather's output, reduce_scatter's input), a rank's own
-// block is size / n; busbw = algbw x the factor below, the bytes a rank's busiest link moves per
-// byte of size.
+// (all_reduce's, reduce's and broadcast's buffer, all_gather's and gather's output,
+// reduce_scatter's and scatter's input, all_to_all's input), a rank's own block is size / n;
+// busbw = algbw x the factor below (nccl-tests' factors: the bytes an optimal algorithm's busiest
+// link moves per byte of size).
 double busbw_factor(Collective c, int n) {
   switch (c) {
   case Collective::all_reduce: return 2.0 * (n - 1) / n;
   case Collective::all_gather:
-  case Collective::reduce_scatter: return static_cast<double>(n - 1) / n;
-  default: return 1.0;
+  case Collective::reduce_scatter:
+  case Collective::gather:
+  case Collective::scatter:
+  case Collective::all_to_all: return static_cast<double>(n - 1) / n;
+  default: return 1.0; // broadcast, reduce
+  }
+}
+
+// Whether `c` cuts the vector into one block per rank.
+bool cuts_blocks(Collective c) {
+  return c == Collective::all_gather || c == Collective::reduce_scatter || c == Collective::gather || c == Collective::scatter ||
+         c == Collective::all_to_all;
+}
+
+// Whether `c` takes a root.
+bool rooted(Collective c) { return c == Collective::broadcast || c == Collective::reduce || c == Collective::gather || c == Collective::scatter; }
+
+// The buffers of one run: `count` elements of the whole vector, `block` a rank's share; the
+// input and output inside the program's two buffers (in place: inside the output buffer).
+struct RunBuffers {
+  Collective kind;
+  int rank, root;
+  std::size_t count, block, es;
+  bool in_place;
+  // Elements of the input and output spans.
+  std::size_t in_elems() const { return kind == Collective::all_gather || kind == Collective::gather ? block : count; }
+  std::size_t out_elems() const { return kind == Collective::reduce_scatter || kind == Collective::scatter ? block : count; }
+  // In place, the input is the output (all_reduce, reduce), this rank's block of it (all_gather,
+  // gather), or the output is this rank's block of the input (scatter).
+  std::byte* input(std::byte* in_buf, std::byte* out_buf) const {
+    if (!in_place) return in_buf;
+    return kind == Collective::all_gather || kind == Collective::gather ? out_buf + mine() * es : out_buf;
+  }
+  std::byte* output(std::byte* out_buf) const { return in_place && kind == Collective::scatter ? out_buf + mine() * es : out_buf; }
+  // This rank's first element of a blocked vector.
+  std::size_t mine() const { return static_cast<std::size_t>(rank) * block; }
+};
+
+// Rank `rank`'s input of a run (broadcast and scatter: the root's only).
+void fill_input(const Pattern& pat, const RunBuffers& b, std::byte* in, std::byte* out) {
+  switch (b.kind) {
+  case Collective::all_gather:
+  case Collective::gather: fill(pat, b.rank, 0, in, b.block); break;
+  case Collective::broadcast:
+    if (b.rank == b.root) fill(pat, b.rank, 0, out, b.count);
+    break;
+  case Collective::scatter:
+    if (b.rank == b.root) fill(pat, b.rank, 0, in, b.count);
+    break;
+  default: fill(pat, b.rank, 0, in, b.count); break;
+  }
+}
+
+// Wrong elements of rank `rank`'s result (none to check where the rank keeps no result).
+std::size_t check_result(const Pattern& pat, const RunBuffers& b, int n, const std::byte* out) {
+  const int rank = b.rank;
+  auto blocks = [&](auto want_of_block) {
+    std::size_t bad = 0;
+    for (int q = 0; q < n; ++q) bad += check(pat, rank, 0, out + static_cast<std::size_t>(q) * b.block * b.es, b.block, want_of_block(q));
+    return bad;
+  };
+  switch (b.kind) {
+  case Collective::reduce:
+    if (rank != b.root) return 0;
+    [[fallthrough]];
+  case Collective::all_reduce: return check(pat, rank, 0, out, b.count, [&](std::size_t i) { return pat.result(i); });
+  case Collective::reduce_scatter: return check(pat, rank, b.mine(), out, b.block, [&](std::size_t i) { return pat.result(i); });
+  case Collective::gather:
+    if (rank != b.root) return 0;
+    [[fallthrough]];
+  case Collective::all_gather: // block q is rank q's vector
+    return blocks([&](int q) { return [&pat, q](std::size_t i) { return pat.input(q, i); }; });
+  case Collective::all_to_all: // block q is rank q's block `rank`
+    return blocks([&](int q) { return [&pat, q, first = b.mine()](std::size_t i) { return pat.input(q, first + i); }; });
+  case Collective::scatter: return check(pat, rank, b.mine(), out, b.block, [&](std::size_t i) { return pat.input(b.root, i); });
+  default: return check(pat, rank, 0, out, b.count, [&](std::size_t i) { return pat.input(b.root, i); });
   }
 }
 
@@ -320,20 +396,20 @@ int run_rank(const Options& o) {
   const auto algorithm = parse_setting<Algorithm>(o.algorithm);
   if (!algorithm) return config_error("--algorithm must be " + setting_choices<Algorithm>());
   co.algorithm = *algorithm;
-  Collective kind = Collective::all_reduce;
-  if (o.collective == "all_reduce") kind = Collective::all_reduce;
-  else if (o.collective == "all_gather") kind = Collective::all_gather;
-  else if (o.collective == "reduce_scatter") kind = Collective::reduce_scatter;
-  else if (o.collective == "broadcast") kind = Collective::broadcast;
-  else return config_error("--collective must be all_reduce, all_gather, reduce_scatter or broadcast");
-  ReduceOp op = ReduceOp::sum;
-  if (o.op == "sum") op = ReduceOp::sum;
-  else if (o.op == "prod") op = ReduceOp::prod;
-  else if (o.op == "min") op = ReduceOp::min;
-  else if (o.op == "max") op = ReduceOp::max;
-  else return config_error("--op must be sum, prod, min or max");
-  const bool reduces = kind == Collective::all_reduce || kind == Collective::reduce_scatter;
-  if (!reduces && op != ReduceOp::sum) return config_error("--op applies to all_reduce and reduce_scatter");
+  std::optional<Collective> parsed_kind;
+  for (Collective c : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter, Collective::broadcast,
+                       Collective::reduce, Collective::gather, Collective::scatter, Collective::all_to_all})
+    if (o.collective == tbverbs::collective::collective_name(c)) parsed_kind = c;
+  if (!parsed_kind)
+    return config_error("--collective must be all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter or all_to_all");
+  const Collective kind = *parsed_kind;
+  std::optional<ReduceOp> parsed_op;
+  for (ReduceOp r : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg})
+    if (o.op == tbverbs::reduce_op_name(r)) parsed_op = r;
+  if (!parsed_op) return config_error("--op must be sum, prod, min, max or avg");
+  const ReduceOp op = *parsed_op;
+  const bool reduces = kind == Collective::all_reduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+  if (!reduces && op != ReduceOp::sum) return config_error("--op applies to all_reduce, reduce_scatter and reduce");
   if (o.root < 0 || o.root >= n) return config_error("--root " + std::to_string(o.root) + " is not a rank of 0.." + std::to_string(n - 1));
   co.timeout = std::chrono::milliseconds(o.timeout_ms);
   co.gid_wait = std::chrono::milliseconds(o.gid_wait_ms);
@@ -375,24 +451,28 @@ int run_rank(const Options& o) {
   }
 
   // Sizes and types.
+  // Every type by its name or short name (f32 ... u64, in DType's order); avg takes the floating ones.
+  constexpr const char* short_names[] = {"f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8", "u32", "u64"};
   std::vector<DType> types;
-  if (o.dtype == "all") types = {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16};
-  else if (o.dtype == "float32" || o.dtype == "f32") types = {DType::f32};
-  else if (o.dtype == "float64" || o.dtype == "f64") types = {DType::f64};
-  else if (o.dtype == "int32" || o.dtype == "i32") types = {DType::i32};
-  else if (o.dtype == "int64" || o.dtype == "i64") types = {DType::i64};
-  else if (o.dtype == "float16" || o.dtype == "f16") types = {DType::f16};
-  else if (o.dtype == "bfloat16" || o.dtype == "bf16") types = {DType::bf16};
-  else return config_error("--dtype must be float32, float64, int32, int64, float16, bfloat16 or all");
+  for (int v = 0; v <= static_cast<int>(tbverbs::last_dtype); ++v) {
+    const auto t = static_cast<DType>(v);
+    if (o.dtype == tbverbs::dtype_name(t) || o.dtype == short_names[v] || (o.dtype == "all" && (op != ReduceOp::avg || tbverbs::dtype_is_floating(t))))
+      types.push_back(t);
+  }
+  if (types.empty()) return config_error("--dtype must be float32, float64, float16, bfloat16, int8, int32, int64, uint8, uint32, uint64 or all");
+  if (op == ReduceOp::avg && !tbverbs::dtype_is_floating(types.front()))
+    return config_error("--op avg takes floating-point types (the layer refuses an integer average)");
   std::vector<bool> places;
   if (o.place == "in") places = {true};
   else if (o.place == "out") places = {false};
   else if (o.place == "both") places = {false, true};
   else return config_error("--place must be in, out or both");
-  // reduce_scatter's input and output must not overlap (docs/collectives.md): no in-place column.
-  if (kind == Collective::reduce_scatter) {
+  // reduce_scatter's and all_to_all's input and output must not overlap (docs/collectives.md): no
+  // in-place column.
+  if (kind == Collective::reduce_scatter || kind == Collective::all_to_all) {
     places.erase(std::remove(places.begin(), places.end(), true), places.end());
-    if (places.empty()) return config_error("--place in: reduce_scatter runs out of place only (its input and output must not overlap)");
+    if (places.empty())
+      return config_error("--place in: " + o.collective + " runs out of place only (its input and output must not overlap)");
   }
   // (count in elements, or bytes) per run.
   std::vector<std::size_t> sizes;  // bytes, or elements when --count is given
@@ -419,7 +499,7 @@ int run_rank(const Options& o) {
     }
   }
   // Elements of the whole vector for a size: whole blocks of n for the collectives that split it.
-  const bool blocks = kind == Collective::all_gather || kind == Collective::reduce_scatter;
+  const bool blocks = cuts_blocks(kind);
   auto elements = [&](std::size_t s, DType t) {
     std::size_t c = by_count ? s : std::max<std::size_t>(1, s / tbverbs::dtype_size(t));
     if (blocks) c = std::max<std::size_t>(1, c / static_cast<std::size_t>(n)) * static_cast<std::size_t>(n);
@@ -489,59 +569,44 @@ int run_rank(const Options& o) {
   const char* redop = reduces ? tbverbs::reduce_op_name(op).data() : "none"; // its names are string literals
   // The algorithm a run takes, from the bytes of one rank's block (the whole vector for all_reduce).
   auto algorithm_of = [&](std::size_t bytes) {
-    return std::string(tbverbs::collective::algorithm_name(comm->algorithm_for(kind, blocks ? bytes / static_cast<std::size_t>(n) : bytes)));
+    const bool per_block = blocks && kind != Collective::all_to_all; // all_to_all gathers every rank's whole input
+    return std::string(tbverbs::collective::algorithm_name(comm->algorithm_for(kind, per_block ? bytes / static_cast<std::size_t>(n) : bytes)));
   };
   // One verified and timed collective; returns the launcher's exit code on failure.
   auto run_one = [&](DType t, std::size_t count, bool in_place, Run& res) -> int {
     const std::size_t es = tbverbs::dtype_size(t);
     const std::size_t bytes = count * es;
     const std::size_t block = blocks ? count / static_cast<std::size_t>(n) : count;
-    const std::size_t mine = static_cast<std::size_t>(rank) * block;  // first element of this rank's block
     int iters = o.iters;
     if (iters <= 0) iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
     const Pattern pat(t, op, n);
-    std::byte* const out = out_buf->data();
-    // The input: a buffer of its own, or (in place) the output itself, or this rank's block of it.
-    std::byte* const in = !in_place ? in_buf->data() : kind == Collective::all_gather ? out + mine * es : out;
-    std::size_t in_elems = count, out_elems = count;
-    if (kind == Collective::all_gather) in_elems = block;
-    if (kind == Collective::reduce_scatter) out_elems = block;
-    const std::span<const std::byte> in_span(in, in_elems * es);
-    const std::span<std::byte> out_span(out, out_elems * es);
+    const RunBuffers rb{kind, rank, o.root, count, block, es, in_place};
+    std::byte* const out_base = out_buf->data();
+    std::byte* const in = rb.input(in_buf->data(), out_base);
+    std::byte* const out = rb.output(out_base);
+    const std::span<const std::byte> in_span(in, rb.in_elems() * es);
+    const std::span<std::byte> out_span(out, rb.out_elems() * es);
     auto call = [&]() -> tbverbs::Result<void> {
       switch (kind) {
       case Collective::all_reduce: return comm->all_reduce(in_span, out_span, t, op);
       case Collective::all_gather: return comm->all_gather(in_span, out_span, t);
       case Collective::reduce_scatter: return comm->reduce_scatter(in_span, out_span, t, op);
+      case Collective::reduce: return comm->reduce(in_span, out_span, t, op, o.root);
+      case Collective::gather: return comm->gather(in_span, out_span, t, o.root);
+      case Collective::scatter: return comm->scatter(in_span, out_span, t, o.root);
+      case Collective::all_to_all: return comm->all_to_all(in_span, out_span, t);
       default: return comm->broadcast(out_span, t, o.root);
       }
     };
     const std::string what = cname + " (" + human(bytes) + " " + std::string(tbverbs::dtype_name(t)) + ", " + algorithm_of(bytes) + ")";
-    // 1. The verified run: fresh input, a poisoned output (stale data must not pass the check:
-    //    in place too for all_gather, whose other blocks the previous run left correct), a
-    //    barrier of every rank before the first send.
-    if (!in_place || kind == Collective::all_gather) std::memset(out, 0xff, out_elems * es);
-    switch (kind) {
-    case Collective::all_gather: fill(pat, rank, 0, in, block); break;
-    case Collective::broadcast:
-      if (rank == o.root) fill(pat, rank, 0, out, count);
-      else if (in_place) std::memset(out, 0xff, bytes);
-      break;
-    default: fill(pat, rank, 0, in, count); break;
-    }
+    // 1. The verified run: fresh input, a poisoned output buffer (stale data must not pass the
+    //    check: in place too, where the previous run left other blocks correct), a barrier of
+    //    every rank before the first send.
+    std::memset(out_base, 0xff, bytes);
+    fill_input(pat, rb, in, out);
     if (auto b = sc.barrier(); !b) return fail_rank(rank, "the barrier before " + what, b.error());
     if (auto r = call(); !r) return fail_rank(rank, what, r.error());
-    std::size_t bad = 0;
-    switch (kind) {
-    case Collective::all_reduce: bad = check(pat, rank, 0, out, count, [&](std::size_t i) { return pat.result(i); }); break;
-    case Collective::reduce_scatter: bad = check(pat, rank, mine, out, block, [&](std::size_t i) { return pat.result(i); }); break;
-    case Collective::all_gather:
-      // Block q of the output is rank q's vector.
-      for (int q = 0; q < n; ++q)
-        bad += check(pat, rank, 0, out + static_cast<std::size_t>(q) * block * es, block, [&](std::size_t i) { return pat.input(q, i); });
-      break;
-    default: bad = check(pat, rank, 0, out, count, [&](std::size_t i) { return pat.input(o.root, i); }); break;
-    }
+    const std::size_t bad = check_result(pat, rb, n, out);
     // 2. Timed runs, back to back as nccl-tests times them (the communicator's credits travel in
     //    band: no side-channel traffic between two calls). In place, each run works on the previous
     //    results (integers wrap, floats grow): same work, checked in step 1.
@@ -582,7 +647,7 @@ int run_rank(const Options& o) {
       std::printf("#\n# %s over %d ranks%s; %s iterations per size, %d warm-up; time: the slowest rank's mean\n"
                   "# algorithm %s\n",
                   kind == Collective::all_reduce && op == ReduceOp::sum ? "all_sum" : (cname + (reduces ? std::string(" (") + redop + ")" : "")).c_str(),
-                  n, kind == Collective::broadcast ? (", root " + std::to_string(o.root)).c_str() : "",
+                  n, rooted(kind) ? (", root " + std::to_string(o.root)).c_str() : "",
                   o.iters > 0 ? std::to_string(o.iters).c_str() : "3 to 50 (by size)", o.warmup,
                   kind == Collective::all_reduce ? comm->algorithm_rule().c_str() : "the layer's choice per size (the algo column)");
       std::printf("#\n# %46s %-37s %s\n", "", "out-of-place", "in-place");
@@ -640,8 +705,9 @@ int run_rank(const Options& o) {
 // Options that each parse but together cannot be honoured: the reason, or "". Refused before
 // anything runs (a run that silently ignored one would not be the run asked for).
 std::string refused_combination(const CLI::App& app, const Options& o) {
-  if (app.count("--root") > 0 && o.collective != "broadcast")
-    return "--root applies to --collective broadcast (" + o.collective + " has no root)";
+  if (app.count("--root") > 0 && o.collective != "broadcast" && o.collective != "reduce" && o.collective != "gather" &&
+      o.collective != "scatter")
+    return "--root applies to --collective broadcast, reduce, gather and scatter (" + o.collective + " has no root)";
   if (o.kill_rank >= 0 && o.stop_rank >= 0) return "--kill-rank and --stop-rank: give one (the launcher fails one rank per run)";
   return "";
 }
@@ -664,12 +730,12 @@ int main(int argc, char** argv) {
   app.add_option("--count", o.counts, "element counts (instead of --size), any numbers >= 1, comma-separated")
       ->delimiter(',');
   app.add_option("--collective", o.collective,
-                 "all_reduce, all_gather, reduce_scatter or broadcast (nccl-tests' sizes: the whole vector; a rank's "
-                 "block is size / ranks)")
+                 "all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter or all_to_all (nccl-tests' "
+                 "sizes: the whole vector; a rank's block is size / ranks)")
       ->capture_default_str();
-  app.add_option("--op", o.op, "sum, prod, min or max (all_reduce, reduce_scatter)")->capture_default_str();
-  app.add_option("--root", o.root, "broadcast's root rank")->check(CLI::Range(0, 63))->capture_default_str();
-  app.add_option("--dtype", o.dtype, "float32, float64, int32, int64, float16, bfloat16 or all")->capture_default_str();
+  app.add_option("--op", o.op, "sum, prod, min, max or avg (all_reduce, reduce_scatter, reduce; avg: floating types)")->capture_default_str();
+  app.add_option("--root", o.root, "the root rank of broadcast, reduce, gather and scatter")->check(CLI::Range(0, 63))->capture_default_str();
+  app.add_option("--dtype", o.dtype, "float32, float64, float16, bfloat16, int8, int32, int64, uint8, uint32, uint64 or all")->capture_default_str();
   app.add_option("--place", o.place, "out (out-of-place), in (in-place) or both")->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per size, 1 or more (default: by size, 3 to 50)")->check(CLI::Range(1, 1000000000));
   app.add_option("-w,--warmup", o.warmup, "untimed iterations per size")->check(CLI::Range(0, 1000000000))->capture_default_str();

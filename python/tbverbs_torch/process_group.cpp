@@ -3,6 +3,8 @@
 // worker thread.
 #include "process_group.hpp"
 
+#include <torch/version.h>
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -22,10 +24,16 @@ tbverbs::DType dtype_of(const at::Tensor& t, const char* what) {
   case at::kLong: return tbverbs::DType::i64;
   case at::kHalf: return tbverbs::DType::f16;
   case at::kBFloat16: return tbverbs::DType::bf16;
+  case at::kChar: return tbverbs::DType::i8;
+  case at::kByte: return tbverbs::DType::u8;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3) // torch.uint32/uint64 came in 2.3
+  case at::kUInt32: return tbverbs::DType::u32;
+  case at::kUInt64: return tbverbs::DType::u64;
+#endif
   default: break;
   }
   TORCH_CHECK(false, "tbverbs: ", what, ": tensors of ", t.scalar_type(),
-              " are not supported (float32, float64, int32, int64, float16, bfloat16)");
+              " are not supported (float32, float64, float16, bfloat16, int8, int32, int64, uint8; uint32 and uint64 from torch 2.3)");
 }
 
 // A tensor the backend can move: on the CPU, dense, contiguous.

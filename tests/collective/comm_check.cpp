@@ -59,30 +59,25 @@ void failed(const std::string& what) {
 template <class T> T from_double(double v) {
   if constexpr (std::is_same_v<T, float16>) return float16::from_float(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, bfloat16>) return bfloat16::from_float(static_cast<float>(v));
+  else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<long long>(v)); // wraps (int8 products)
   else return static_cast<T>(v);
 }
 template <class T> double to_double(T v) {
   if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) return v.to_float();
   else return static_cast<double>(v);
 }
-template <class T> constexpr const char* type_name() {
-  if constexpr (std::is_same_v<T, float>) return "float32";
-  else if constexpr (std::is_same_v<T, double>) return "float64";
-  else if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
-  else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
-  else if constexpr (std::is_same_v<T, float16>) return "float16";
-  else return "bfloat16";
-}
+template <class T> std::string type_name() { return std::string(tbverbs::dtype_name(tbverbs::dtype_of_v<T>)); }
 // Rank r's element i for `op`: small integers, so every result is exact in every dtype (sums of
-// at most 8 ranks stay below 32, products below 2^8, both exact in bfloat16's 8-bit mantissa).
-double input(ReduceOp op, int r, std::size_t i) {
+// at most 8 ranks stay below 32, products below 2^8, both exact in bfloat16's 8-bit mantissa;
+// int8 products wrap, as the layer's do). Min and max see -4..4, or 0..8 for unsigned types.
+template <class T> double input(ReduceOp op, int r, std::size_t i) {
   const auto k = static_cast<long long>(i % 1009);
   switch (op) {
   case ReduceOp::sum:
   case ReduceOp::avg: return static_cast<double>((r * 7 + k * 3) % 4);
   case ReduceOp::prod: return 1.0 + static_cast<double>((r + k) % 2);
   case ReduceOp::min:
-  case ReduceOp::max: return static_cast<double>((r * 5 + k * 11) % 9) - 4.0;
+  case ReduceOp::max: return static_cast<double>((r * 5 + k * 11) % 9) - (std::is_unsigned_v<T> ? 0.0 : 4.0);
   }
   return 0;
 }
@@ -98,9 +93,9 @@ double combine(ReduceOp op, double a, double b) {
 }
 // avg: the exact sum (an integer below 32) divided by n in double; rounded once to T it is what
 // the layer's one division in T gives (a quotient of small integers is never a rounding tie).
-double reduced(ReduceOp op, int n, std::size_t i) {
-  double v = input(op, 0, i);
-  for (int r = 1; r < n; ++r) v = combine(op, v, input(op, r, i));
+template <class T> double reduced(ReduceOp op, int n, std::size_t i) {
+  double v = input<T>(op, 0, i);
+  for (int r = 1; r < n; ++r) v = combine(op, v, input<T>(op, r, i));
   return op == ReduceOp::avg ? v / n : v;
 }
 
@@ -129,6 +124,64 @@ bool ok(const tbverbs::Result<void>& r, const std::string& what) {
   return static_cast<bool>(r);
 }
 
+// reduce, gather and scatter to and from the first and the last rank, out of place and in place;
+// a rank that keeps no result passes a buffer that must come back untouched.
+template <class T> void check_rooted(tbverbs::Communicator& c, std::size_t count, const std::string& tag) {
+  const int n = c.size(), me = c.rank();
+  const std::size_t all = count * static_cast<std::size_t>(n);
+  const T sentinel = from_double<T>(99);
+  for (int root : {0, n - 1}) {
+    const std::string at = " to root " + std::to_string(root) + " " + tag;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+      if (op == ReduceOp::avg && std::is_integral_v<T>) continue; // refused as all_reduce's is
+      Buf<T> in(c, count), out(c, count, sentinel), want(c, count, sentinel);
+      for (std::size_t i = 0; i < count; ++i) in[i] = from_double<T>(input<T>(op, me, i));
+      if (me == root)
+        for (std::size_t i = 0; i < count; ++i) want[i] = from_double<T>(reduced<T>(op, n, i));
+      const std::string what = "reduce " + std::string(tbverbs::reduce_op_name(op)) + at;
+      if (ok(c.reduce(std::span<const T>(in), std::span<T>(out), op, root), what)) expect_equal(out, want, what);
+      if (me == root && ok(c.reduce(std::span<const T>(in), std::span<T>(in), op, root), "in place " + what)) expect_equal(in, want, "in place " + what);
+      if (me != root && ok(c.reduce(std::span<const T>(in), std::span<T>(), op, root), "empty out " + what)) {}
+    }
+    Buf<T> mine(c, count), got(c, all, sentinel), want(c, all, sentinel);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = from_double<T>(input<T>(ReduceOp::max, me, i));
+    for (std::size_t i = 0; me == root && i < all; ++i) want[i] = from_double<T>(input<T>(ReduceOp::max, static_cast<int>(i / count), i % count));
+    if (ok(c.gather(std::span<const T>(mine), std::span<T>(got), root), "gather" + at)) expect_equal(got, want, "gather" + at);
+    // In place at the root (the others gather as before, with no out).
+    Buf<T> inplace(c, me == root ? all : 0, sentinel);
+    if (me == root) std::memcpy(inplace.data() + static_cast<std::size_t>(me) * count, mine.data(), count * sizeof(T));
+    const std::span<const T> own = me == root ? std::span<const T>(inplace.data() + static_cast<std::size_t>(me) * count, count) : std::span<const T>(mine);
+    if (ok(c.gather(own, std::span<T>(inplace), root), "in place gather" + at)) expect_equal(inplace, me == root ? want : inplace, "in place gather" + at);
+    // scatter: the root's block q is rank q's `mine` of the gather above.
+    Buf<T> blocks(c, me == root ? all : 0), part(c, count, sentinel);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = from_double<T>(input<T>(ReduceOp::max, static_cast<int>(i / count), i % count));
+    if (ok(c.scatter(std::span<const T>(blocks), std::span<T>(part), root), "scatter" + at)) expect_equal(part, mine, "scatter" + at);
+    // In place at the root (its block of `blocks` is its out); the others scatter as before.
+    const std::span<T> mine_out = me == root ? std::span<T>(blocks.data() + static_cast<std::size_t>(me) * count, count) : std::span<T>(part);
+    if (ok(c.scatter(std::span<const T>(blocks), mine_out, root), "in place scatter" + at))
+      expect_equal(std::vector<T>(mine_out.begin(), mine_out.end()), std::vector<T>(mine), "in place scatter" + at);
+  }
+}
+
+// all_to_all: rank s's block d is value(s, d, i); block q of the result is rank q's block `me`.
+template <class T> void check_all_to_all(tbverbs::Communicator& c, std::size_t count, const std::string& tag) {
+  const int n = c.size(), me = c.rank();
+  auto value = [](int s, int d, std::size_t i) { return static_cast<double>((static_cast<std::size_t>(s) * 3 + static_cast<std::size_t>(d) * 5 + i) % 7); };
+  const std::size_t all = count * static_cast<std::size_t>(n);
+  Buf<T> in(c, all), out(c, all, from_double<T>(99)), want(c, all);
+  for (std::size_t i = 0; i < all; ++i) {
+    in[i] = from_double<T>(value(me, static_cast<int>(i / count), i % count));
+    want[i] = from_double<T>(value(static_cast<int>(i / count), me, i % count));
+  }
+  if (ok(c.all_to_all(std::span<const T>(in), std::span<T>(out)), "all_to_all " + tag)) expect_equal(out, want, "all_to_all " + tag);
+  if (n > 1) { // not equal blocks, and in place: refused before anything is sent
+    auto r = c.all_to_all(std::span<const T>(in.data(), all - 1), std::span<T>(out.data(), all - 1));
+    if (r || !r.error().is(tbverbs::ErrorKind::invalid_argument)) failed("all_to_all of unequal blocks " + tag + " was not refused");
+    auto p = c.all_to_all(std::span<const T>(in), std::span<T>(in));
+    if (p || !p.error().is(tbverbs::ErrorKind::invalid_argument)) failed("all_to_all in place " + tag + " was not refused");
+  }
+}
+
 template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) {
   const int n = c.size(), me = c.rank();
   const std::string tag = std::string(type_name<T>()) + " x " + std::to_string(count);
@@ -146,8 +199,8 @@ template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) 
     }
     Buf<T> in(c, count), want(c, count);
     for (std::size_t i = 0; i < count; ++i) {
-      in[i] = from_double<T>(input(op, me, i));
-      want[i] = from_double<T>(reduced(op, n, i));
+      in[i] = from_double<T>(input<T>(op, me, i));
+      want[i] = from_double<T>(reduced<T>(op, n, i));
     }
     // all_reduce, out of place (the input must stay as it was) and in place.
     Buf<T> out(c, count, from_double<T>(99));
@@ -162,18 +215,18 @@ template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) 
 
     // reduce_scatter: `count` elements per rank out of count * n.
     Buf<T> rs_in(c, count * static_cast<std::size_t>(n)), rs_out(c, count), rs_want(c, count);
-    for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = from_double<T>(input(op, me, i));
+    for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = from_double<T>(input<T>(op, me, i));
     for (std::size_t i = 0; i < count; ++i)
-      rs_want[i] = from_double<T>(reduced(op, n, static_cast<std::size_t>(me) * count + i));
+      rs_want[i] = from_double<T>(reduced<T>(op, n, static_cast<std::size_t>(me) * count + i));
     if (ok(c.reduce_scatter(std::span<T>(rs_in), std::span<T>(rs_out), op), "reduce_scatter " + where))
       expect_equal(rs_out, rs_want, "reduce_scatter " + where);
   }
   // all_gather, out of place and in place (the input is this rank's block of the output).
   Buf<T> mine(c, count), all(c, count * static_cast<std::size_t>(n)), all_want(c, count * static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < count; ++i) mine[i] = from_double<T>(input(ReduceOp::max, me, i));
+  for (std::size_t i = 0; i < count; ++i) mine[i] = from_double<T>(input<T>(ReduceOp::max, me, i));
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < count; ++i)
-      all_want[static_cast<std::size_t>(r) * count + i] = from_double<T>(input(ReduceOp::max, r, i));
+      all_want[static_cast<std::size_t>(r) * count + i] = from_double<T>(input<T>(ReduceOp::max, r, i));
   if (ok(c.all_gather(std::span<T>(mine), std::span<T>(all)), "all_gather " + tag)) expect_equal(all, all_want, "all_gather " + tag);
   Buf<T> inplace(c, all.size(), from_double<T>(0));
   std::memcpy(inplace.data() + static_cast<std::size_t>(me) * count, mine.data(), count * sizeof(T));
@@ -185,19 +238,22 @@ template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) 
   for (int root : {0, n - 1}) {
     Buf<T> b(c, count), b_want(c, count);
     for (std::size_t i = 0; i < count; ++i) {
-      b[i] = from_double<T>(input(ReduceOp::sum, me, i));
-      b_want[i] = from_double<T>(input(ReduceOp::sum, root, i));
+      b[i] = from_double<T>(input<T>(ReduceOp::sum, me, i));
+      b_want[i] = from_double<T>(input<T>(ReduceOp::sum, root, i));
     }
     if (ok(c.broadcast(std::span<T>(b), root), "broadcast from " + std::to_string(root) + " " + tag))
       expect_equal(b, b_want, "broadcast from " + std::to_string(root) + " " + tag);
   }
 
+  check_rooted<T>(c, count, tag);
+  check_all_to_all<T>(c, count, tag);
+
   // send/recv around the ring of ranks: even ranks send first, odd ones receive first.
   const int to = (me + 1) % n, from = (me + n - 1) % n;
   Buf<T> s(c, count), r(c, count), r_want(c, count);
   for (std::size_t i = 0; i < count; ++i) {
-    s[i] = from_double<T>(input(ReduceOp::min, me, i));
-    r_want[i] = from_double<T>(input(ReduceOp::min, from, i));
+    s[i] = from_double<T>(input<T>(ReduceOp::min, me, i));
+    r_want[i] = from_double<T>(input<T>(ReduceOp::min, from, i));
   }
   auto send = [&] { return ok(c.send(std::span<const T>(s), to), "send to " + std::to_string(to) + " " + tag); };
   auto recv = [&] {
@@ -295,6 +351,10 @@ int run_rank(const RankOptions& ro) {
     check_type<std::int64_t>(c, count);
     check_type<float16>(c, count);
     check_type<bfloat16>(c, count);
+    check_type<std::int8_t>(c, count);
+    check_type<std::uint8_t>(c, count);
+    check_type<std::uint32_t>(c, count);
+    check_type<std::uint64_t>(c, count);
   }
   if (ro.large > 0) {
     check_type<float>(c, ro.large);

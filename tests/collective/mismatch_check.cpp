@@ -141,6 +141,39 @@ std::vector<Scenario> scenarios() {
                  return true;
                },
                "root 0", "root"});
+  // reduce on rank 0, all_reduce on the others: the same schedule underneath (reduce runs as an
+  // all_reduce), a different call.
+  s.push_back({"reduce_vs_all_reduce", 2,
+               [](Communicator& c, int r, int, Result<void>& out) {
+                 Guarded<float> in(2, r), o(2, 60 + r);
+                 out = r == 0 ? c.reduce(in.cspan(), o.span(), ReduceOp::sum, 0) : c.all_reduce(in.cspan(), o.span());
+                 in.check("reduce input");
+                 o.check("reduce output");
+                 return true;
+               },
+               "root 0", "all_reduce"});
+  // all_to_all on rank 0, all_gather of as many bytes on the others (both all_gather's schedule).
+  s.push_back({"all_to_all_vs_all_gather", 2,
+               [](Communicator& c, int r, int n, Result<void>& out) {
+                 const std::size_t all = 2 * static_cast<std::size_t>(n);
+                 Guarded<float> in(all, r), o(r == 0 ? all : all * static_cast<std::size_t>(n), 70 + r);
+                 out = r == 0 ? c.all_to_all(in.cspan(), o.span()) : c.all_gather(in.cspan(), o.span());
+                 in.check("all_to_all input");
+                 o.check("all_to_all output");
+                 return true;
+               },
+               "all_to_all", "all_gather"});
+  // gather to rank 0 on rank 0, scatter from rank 0 on the others.
+  s.push_back({"gather_vs_scatter", 2,
+               [](Communicator& c, int r, int n, Result<void>& out) {
+                 const std::size_t all = 3 * static_cast<std::size_t>(n);
+                 Guarded<float> mine(3, r), blocks(all, 80 + r);
+                 out = r == 0 ? c.gather(mine.cspan(), blocks.span(), 0) : c.scatter(blocks.cspan(), mine.span(), 0);
+                 mine.check("gather/scatter block");
+                 blocks.check("gather/scatter blocks");
+                 return true;
+               },
+               "gather", "scatter"});
   // The rank at the far side of the ring differs (4 ranks: neither neighbour of rank 0).
   s.push_back({"far_rank", 4,
                [](Communicator& c, int r, int n, Result<void>& out) {

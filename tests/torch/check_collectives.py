@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import tbverbs_torch  # noqa: F401  (registers "tbverbs")
 
-DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.int8, torch.uint8]
 # By name: ReduceOp values do not compare with == in torch 1.13.
 OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
 COUNTS = [int(c) for c in os.environ.get("CHECK_COUNTS", "1,7,4099").split(",")]
@@ -142,7 +142,7 @@ def main():
             return
         raise AssertionError(f"rank {rank}: {what} was accepted")
 
-    refused("a uint8 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint8)), "not supported")
+    refused("a bool tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool)), "not supported")
     refused("AVG of int32", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG), "avg")
     refused("a non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4).t()), "not contiguous")
     refused("the bitwise AND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND),

@@ -21,8 +21,14 @@
 TBVERBS_NAMESPACE_BEGIN
 namespace collective {
 
-/// Which collective a schedule runs.
-enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
+/// Which collective a call is (its wire code in the call header: new ones are appended). reduce,
+/// gather, scatter and all_to_all run on the schedules of the others (Communicator's lowering).
+enum class Collective : std::uint8_t {
+  all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier, reduce, gather, scatter, all_to_all
+};
+
+/// The last Collective (the call header refuses codes past it).
+inline constexpr Collective last_collective = Collective::all_to_all;
 
 /// "all_reduce", "reduce_scatter", ...
 constexpr std::string_view collective_name(Collective c) noexcept {
@@ -34,8 +40,25 @@ constexpr std::string_view collective_name(Collective c) noexcept {
   case Collective::send: return "send";
   case Collective::recv: return "recv";
   case Collective::barrier: return "barrier";
+  case Collective::reduce: return "reduce";
+  case Collective::gather: return "gather";
+  case Collective::scatter: return "scatter";
+  case Collective::all_to_all: return "all_to_all";
   }
   return "?";
+}
+
+/// The collective whose schedule runs `c`: reduce runs as all_reduce, gather and all_to_all as
+/// all_gather (all_to_all gathers every rank's whole input), scatter as broadcast; the others as
+/// themselves.
+constexpr Collective schedule_of(Collective c) noexcept {
+  switch (c) {
+  case Collective::reduce: return Collective::all_reduce;
+  case Collective::gather:
+  case Collective::all_to_all: return Collective::all_gather;
+  case Collective::scatter: return Collective::broadcast;
+  default: return c;
+  }
 }
 
 /// Which all_reduce algorithm runs (collective/algorithms.hpp): `automatic` follows the measured
@@ -59,12 +82,13 @@ constexpr std::string_view algorithm_name(Algorithm a) noexcept {
 struct CallIdentity {
   Collective kind = Collective::all_reduce; ///< The call.
   DType type = DType::f32;                  ///< Element type (barrier: int32).
-  ReduceOp op = ReduceOp::sum;              ///< all_reduce and reduce_scatter; sum otherwise.
+  ReduceOp op = ReduceOp::sum;              ///< all_reduce, reduce_scatter and reduce; sum otherwise.
   Algorithm algorithm = Algorithm::ring;    ///< The algorithm the rank chose (never automatic).
-  /// Elements as the caller counts them: all_reduce's vector, all_gather's and reduce_scatter's
-  /// block (one rank's share), broadcast's buffer, send's and recv's message; 0 for barrier.
+  /// Elements as the caller counts them: all_reduce's and reduce's vector, the block (one rank's
+  /// share) of all_gather, reduce_scatter, gather, scatter and all_to_all, broadcast's buffer,
+  /// send's and recv's message; 0 for barrier.
   std::uint64_t count = 0;
-  std::int32_t root = -1;       ///< broadcast: the root; -1 otherwise.
+  std::int32_t root = -1;       ///< broadcast, reduce, gather, scatter: the root; -1 otherwise.
   std::int32_t from = -1;       ///< send/recv: the sending rank; -1 otherwise.
   std::int32_t to = -1;         ///< send/recv: the receiving rank; -1 otherwise.
   std::uint64_t collective_seq = 0; ///< Collectives this rank made before this call.
@@ -108,7 +132,7 @@ inline std::optional<CallIdentity> decode_call(std::span<const std::byte> in) no
   if (detail::get_be<std::uint32_t>(p + 56) != detail::crc32(std::span<const std::byte>(p, 56))) return std::nullopt;
   const auto k = static_cast<std::uint8_t>(p[5]), t = static_cast<std::uint8_t>(p[6]), o = static_cast<std::uint8_t>(p[7]),
              a = static_cast<std::uint8_t>(p[8]);
-  if (k > static_cast<std::uint8_t>(Collective::barrier) || t > static_cast<std::uint8_t>(DType::bf16) ||
+  if (k > static_cast<std::uint8_t>(last_collective) || t > static_cast<std::uint8_t>(last_dtype) ||
       o > static_cast<std::uint8_t>(ReduceOp::avg) || a > static_cast<std::uint8_t>(Algorithm::mesh))
     return std::nullopt;
   CallIdentity c;
@@ -145,6 +169,12 @@ inline std::string describe(const CallIdentity& c, bool with_algorithm = false) 
   case Collective::send: s += "(" + t + ", " + elements(c.count) + ", to rank " + std::to_string(c.to); break;
   case Collective::recv: s += "(" + t + ", " + elements(c.count) + ", from rank " + std::to_string(c.from); break;
   case Collective::barrier: s += "("; break;
+  case Collective::reduce:
+    s += "(" + t + " " + std::string(reduce_op_name(c.op)) + ", " + elements(c.count) + ", root " + std::to_string(c.root);
+    break;
+  case Collective::gather:
+  case Collective::scatter: s += "(" + t + ", blocks of " + elements(c.count) + ", root " + std::to_string(c.root); break;
+  case Collective::all_to_all: s += "(" + t + ", blocks of " + elements(c.count); break;
   }
   if (with_algorithm && c.kind != Collective::barrier && !c.point_to_point())
     s += std::string(", ") + std::string(algorithm_name(c.algorithm)) + " algorithm";

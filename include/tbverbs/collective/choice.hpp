@@ -56,7 +56,7 @@ inline Algorithm choose(const Network& net, Collective kind, std::size_t bytes, 
   const int n = net.size();
   const std::size_t fits = net.layout().vector_bytes;
   const bool mesh = net.fully_connected();
-  switch (kind) {
+  switch (schedule_of(kind)) {
   case Collective::all_reduce:
     if (asked == Algorithm::mesh && !mesh) return Algorithm::latency; // 3 ranks or fewer: one hop already
     if (asked != Algorithm::automatic) return asked;

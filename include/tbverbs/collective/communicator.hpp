@@ -1,6 +1,7 @@
 /// @file collective/communicator.hpp
 /// `Communicator`: the collectives a program calls: all_reduce (sum, prod, min, max, avg),
-/// all_gather, reduce_scatter, broadcast, send, recv and barrier over typed spans, every call a
+/// all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all, send, recv and
+/// barrier over typed spans, every call a
 /// `Result<void>` bounded by the options' timeout. docs/collectives.md is its guide.
 ///
 /// **Every call is checked against its peers.** Each call carries its identity (the collective,
@@ -30,6 +31,7 @@
 #include "options.hpp"
 #include "types.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +44,7 @@
 TBVERBS_NAMESPACE_BEGIN
 
 class SideChannel;
+class AlignedBuffer;
 namespace collective {
 class Network;
 class RegistrationCache;
@@ -189,6 +192,47 @@ public:
   template <CollectiveElement T> [[nodiscard]] Result<void> recv(std::span<T> buf, int peer) {
     return run(collective::Collective::recv, dtype_of_v<T>, ReduceOp::sum, {}, std::as_writable_bytes(buf), peer);
   }
+  /// out = `in` combined over every rank with `op`, at `root` only: there out.size() == in.size()
+  /// (in place when they are the same); every other rank's `out` is neither checked nor written
+  /// (pass an empty span). Runs as all_reduce into the communicator's own buffer on the other
+  /// ranks (docs/collectives.md, "reduce, gather, scatter": the bytes it moves and the memory it
+  /// holds).
+  template <CollectiveElement T>
+  [[nodiscard]] Result<void> reduce(std::span<const T> in, std::span<T> out, ReduceOp op, int root) {
+    return reduce(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, op, root);
+  }
+  /// reduce from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> reduce(std::span<T> in, std::span<T> out, ReduceOp op, int root) {
+    return reduce(std::span<const T>(in), out, op, root);
+  }
+  /// out = every rank's `in`, in rank order, at `root` only: there out.size() == size() *
+  /// in.size() (in place when `in` is the root's block of `out`); every other rank's `out` is
+  /// neither checked nor written.
+  template <CollectiveElement T> [[nodiscard]] Result<void> gather(std::span<const T> in, std::span<T> out, int root) {
+    return gather(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, root);
+  }
+  /// gather from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> gather(std::span<T> in, std::span<T> out, int root) {
+    return gather(std::span<const T>(in), out, root);
+  }
+  /// out = block rank() of `root`'s `in`: in.size() == size() * out.size() at the root (in place
+  /// when `out` is the root's block of `in`); every other rank's `in` is neither checked nor read.
+  template <CollectiveElement T> [[nodiscard]] Result<void> scatter(std::span<const T> in, std::span<T> out, int root) {
+    return scatter(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, root);
+  }
+  /// scatter from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> scatter(std::span<T> in, std::span<T> out, int root) {
+    return scatter(std::span<const T>(in), out, root);
+  }
+  /// Block q of `out` = block rank() of rank q's `in`: equal blocks, in.size() == out.size(), a
+  /// multiple of size(); the spans do not overlap.
+  template <CollectiveElement T> [[nodiscard]] Result<void> all_to_all(std::span<const T> in, std::span<T> out) {
+    return all_to_all(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>);
+  }
+  /// all_to_all from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<void> all_to_all(std::span<T> in, std::span<T> out) {
+    return all_to_all(std::span<const T>(in), out);
+  }
   /// Returns once every rank has called barrier(); in band (a one-element all_reduce).
   [[nodiscard]] Result<void> barrier() {
     return run(collective::Collective::barrier, DType::i32, ReduceOp::max, {}, {}, 0);
@@ -225,6 +269,34 @@ public:
     return run(collective::Collective::recv, t, ReduceOp::sum, {}, buf, peer);
   }
 
+  /// See all_reduce(std::span<const std::byte>, ...); `out` is checked at `root` only.
+  [[nodiscard]] Result<void> reduce(std::span<const std::byte> in, std::span<std::byte> out, DType t, ReduceOp op, int root) {
+    if (rank() == root && in.size() != out.size()) return size_error("reduce", "in bytes", in.size(), "out bytes at the root", out.size());
+    return run(collective::Collective::reduce, t, op, in, rank() == root ? out : std::span<std::byte>(), root);
+  }
+  /// See all_reduce(std::span<const std::byte>, ...); `out` is checked at `root` only.
+  [[nodiscard]] Result<void> gather(std::span<const std::byte> in, std::span<std::byte> out, DType t, int root) {
+    if (rank() == root && out.size() != in.size() * static_cast<std::size_t>(size()))
+      return size_error("gather", "out bytes at the root", out.size(), "size() x in bytes", in.size() * static_cast<std::size_t>(size()));
+    return run(collective::Collective::gather, t, ReduceOp::sum, in, rank() == root ? out : std::span<std::byte>(), root);
+  }
+  /// See all_reduce(std::span<const std::byte>, ...); `in` is checked at `root` only.
+  [[nodiscard]] Result<void> scatter(std::span<const std::byte> in, std::span<std::byte> out, DType t, int root) {
+    if (rank() == root && in.size() != out.size() * static_cast<std::size_t>(size()))
+      return size_error("scatter", "in bytes at the root", in.size(), "size() x out bytes", out.size() * static_cast<std::size_t>(size()));
+    return run(collective::Collective::scatter, t, ReduceOp::sum, rank() == root ? in : std::span<const std::byte>(), out, root);
+  }
+  /// See all_reduce(std::span<const std::byte>, ...).
+  [[nodiscard]] Result<void> all_to_all(std::span<const std::byte> in, std::span<std::byte> out, DType t) {
+    const std::size_t n = static_cast<std::size_t>(std::max(1, size()));
+    if (in.size() != out.size()) return size_error("all_to_all", "in bytes", in.size(), "out bytes", out.size());
+    if (in.size() % (n * dtype_size(t)) != 0)
+      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                              "all_to_all: " + std::to_string(in.size() / dtype_size(t)) + " elements do not make " +
+                                  std::to_string(n) + " equal blocks"));
+    return run(collective::Collective::all_to_all, t, ReduceOp::sum, in, out, 0);
+  }
+
   /// Registers `memory` on every device until the returned handle goes (docs/collectives.md,
   /// "Memory"): collectives on it then move no byte through the scratch slots. Safe from any
   /// thread. Errors: capacity when the devices' MR budget has no room; the registration's
@@ -241,7 +313,9 @@ public:
   /// once. Returns how many were dropped. Safe from any thread.
   std::size_t forget_memory(const void* data, std::size_t bytes);
 
-  /// The algorithm all_reduce runs for `bytes` per rank ("ring", "latency", "mesh").
+  /// The algorithm `kind` runs for `bytes` per rank ("ring", "latency", "mesh"): a rank's
+  /// vector (all_reduce, reduce, broadcast), its block (all_gather, gather, reduce_scatter's
+  /// output, scatter), its whole input (all_to_all, which gathers every rank's).
   collective::Algorithm algorithm_for(collective::Collective kind, std::size_t bytes) const noexcept;
   /// How all_reduce chooses its algorithm, in one line.
   std::string algorithm_rule() const;
@@ -271,6 +345,7 @@ private:
   struct State;      // everything a connected communicator holds (collective/impl/communicator.hpp)
   class Busy;        // the one thread a call may run on
   struct CallMemory; // the buffers and registrations of one call
+  struct Lowered;    // a call as a schedule runs it
 
   static Result<void> size_error(const char* what, const char* a, std::size_t x, const char* b, std::size_t y) {
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
@@ -279,6 +354,14 @@ private:
   }
   Result<void> run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                    std::span<std::byte> out, int root_or_peer);
+  Result<void> admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                     std::span<std::byte> out, int arg);
+  Result<Lowered> lower(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out, int root);
+  Result<void> shape_of(const Lowered& l, DType t, ReduceOp op, collective::OpShape& shape, collective::OpMemory& mem);
+  void finish(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in, std::span<std::byte> out,
+              const Lowered& l);
+  std::optional<std::size_t> link_to(collective::Collective kind, int peer) const;
+  Result<std::byte*> own_buffer(std::optional<AlignedBuffer>& b, std::size_t bytes);
   Result<void> validate(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                         std::span<std::byte> out, int arg) const;
   collective::CallIdentity identify(collective::Collective kind, DType t, ReduceOp op, std::size_t in_bytes,

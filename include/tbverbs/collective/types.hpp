@@ -92,23 +92,32 @@ inline float16 float16::from_float(float f) noexcept {
   return float16{static_cast<std::uint16_t>(h)};
 }
 
-/// The element types the collectives move and combine.
-enum class DType : std::uint8_t { f32, f64, i32, i64, f16, bf16 };
+/// The element types the collectives move and combine. The values are the call header's wire
+/// codes (collective/call.hpp): new types are appended, never renumbered.
+enum class DType : std::uint8_t { f32, f64, i32, i64, f16, bf16, i8, u8, u32, u64 };
+
+/// The last DType (the call header refuses codes past it).
+inline constexpr DType last_dtype = DType::u64;
 
 /// Bytes of one element of `t`.
 constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
-  case DType::f32:
-  case DType::i32: return 4;
-  case DType::f64:
-  case DType::i64: return 8;
+  case DType::i8:
+  case DType::u8: return 1;
   case DType::f16:
   case DType::bf16: return 2;
+  case DType::f32:
+  case DType::i32:
+  case DType::u32: return 4;
+  case DType::f64:
+  case DType::i64:
+  case DType::u64: return 8;
   }
   return 1;
 }
 
-/// "float32", "float64", "int32", "int64", "float16", "bfloat16".
+/// "float32", "float64", "int32", "int64", "float16", "bfloat16", "int8", "uint8", "uint32",
+/// "uint64" (the names torch and numpy give them).
 constexpr std::string_view dtype_name(DType t) noexcept {
   switch (t) {
   case DType::f32: return "float32";
@@ -117,6 +126,10 @@ constexpr std::string_view dtype_name(DType t) noexcept {
   case DType::i64: return "int64";
   case DType::f16: return "float16";
   case DType::bf16: return "bfloat16";
+  case DType::i8: return "int8";
+  case DType::u8: return "uint8";
+  case DType::u32: return "uint32";
+  case DType::u64: return "uint64";
   }
   return "?";
 }
@@ -130,10 +143,34 @@ template <> struct dtype_of<std::int32_t> : std::integral_constant<DType, DType:
 template <> struct dtype_of<std::int64_t> : std::integral_constant<DType, DType::i64> {};
 template <> struct dtype_of<float16> : std::integral_constant<DType, DType::f16> {};
 template <> struct dtype_of<bfloat16> : std::integral_constant<DType, DType::bf16> {};
+template <> struct dtype_of<std::int8_t> : std::integral_constant<DType, DType::i8> {};
+template <> struct dtype_of<std::uint8_t> : std::integral_constant<DType, DType::u8> {};
+template <> struct dtype_of<std::uint32_t> : std::integral_constant<DType, DType::u32> {};
+template <> struct dtype_of<std::uint64_t> : std::integral_constant<DType, DType::u64> {};
 /// The DType of `T`.
 template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
-/// An element type the collectives accept (float, double, int32_t, int64_t, float16, bfloat16).
+/// Calls `f.template operator()<T>()` with the C++ type of `t` (float, double, int32_t, int64_t,
+/// float16, bfloat16, int8_t, uint8_t, uint32_t, uint64_t) and returns what it returns: the one
+/// place a run-time DType becomes a compile-time type.
+template <class F> constexpr decltype(auto) with_dtype(DType t, F&& f) {
+  switch (t) {
+  case DType::f64: return f.template operator()<double>();
+  case DType::i32: return f.template operator()<std::int32_t>();
+  case DType::i64: return f.template operator()<std::int64_t>();
+  case DType::f16: return f.template operator()<float16>();
+  case DType::bf16: return f.template operator()<bfloat16>();
+  case DType::i8: return f.template operator()<std::int8_t>();
+  case DType::u8: return f.template operator()<std::uint8_t>();
+  case DType::u32: return f.template operator()<std::uint32_t>();
+  case DType::u64: return f.template operator()<std::uint64_t>();
+  case DType::f32: break;
+  }
+  return f.template operator()<float>();
+}
+
+/// An element type the collectives accept (float, double, float16, bfloat16; int8_t, int32_t,
+/// int64_t; uint8_t, uint32_t, uint64_t).
 template <class T>
 concept CollectiveElement = requires { dtype_of<std::remove_cv_t<T>>::value; } && sizeof(T) == dtype_size(dtype_of<std::remove_cv_t<T>>::value);
 
@@ -155,7 +192,9 @@ constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
 }
 
 /// True for the floating-point element types (float32, float64, float16, bfloat16).
-constexpr bool dtype_is_floating(DType t) noexcept { return t != DType::i32 && t != DType::i64; }
+constexpr bool dtype_is_floating(DType t) noexcept {
+  return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
+}
 
 namespace collective {
 /// The element-wise loops behind reduce(): one per (type, op), so the compiler vectorises the sum
@@ -198,57 +237,25 @@ template <class H> inline void combine16(ReduceOp op, H* d, const H* a, const H*
 
 /// dst[i] = a[i] op b[i] for `n` elements of `t`; `dst` may be `a` or `b`. Integers wrap.
 inline void reduce(ReduceOp op, DType t, void* dst, const void* a, const void* b, std::size_t n) noexcept {
-  switch (t) {
-  case DType::f32:
-    kernels::combine(op, static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n);
-    break;
-  case DType::f64:
-    kernels::combine(op, static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n);
-    break;
-  case DType::i32:
-    if (op == ReduceOp::sum || op == ReduceOp::prod) // unsigned: wraps, as the hardware does
-      kernels::combine(op, static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(a),
-                       static_cast<const std::uint32_t*>(b), n);
+  with_dtype(t, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
+      kernels::combine16(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
     else
-      kernels::combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
-                       static_cast<const std::int32_t*>(b), n);
-    break;
-  case DType::i64:
-    if (op == ReduceOp::sum || op == ReduceOp::prod)
-      kernels::combine(op, static_cast<std::uint64_t*>(dst), static_cast<const std::uint64_t*>(a),
-                       static_cast<const std::uint64_t*>(b), n);
-    else
-      kernels::combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(a),
-                       static_cast<const std::int64_t*>(b), n);
-    break;
-  case DType::f16:
-    kernels::combine16(op, static_cast<float16*>(dst), static_cast<const float16*>(a), static_cast<const float16*>(b), n);
-    break;
-  case DType::bf16:
-    kernels::combine16(op, static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(a), static_cast<const bfloat16*>(b),
-                       n);
-    break;
-  }
+      kernels::combine(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  });
 }
 
 /// dst[i] /= ranks for `n` elements of the floating-point type `t` (ReduceOp::avg's last step; the
 /// 16-bit types divided in float32 and rounded once). Integer types are left as they are.
 inline void divide(DType t, void* dst, std::size_t n, int ranks) noexcept {
-  auto each = [&](auto* d) {
-    for (std::size_t i = 0; i < n; ++i) d[i] /= static_cast<std::remove_pointer_t<decltype(d)>>(ranks);
-  };
-  auto each16 = [&](auto* d) {
-    using H = std::remove_pointer_t<decltype(d)>;
-    for (std::size_t i = 0; i < n; ++i) d[i] = H::from_float(d[i].to_float() / static_cast<float>(ranks));
-  };
-  switch (t) {
-  case DType::f32: each(static_cast<float*>(dst)); break;
-  case DType::f64: each(static_cast<double*>(dst)); break;
-  case DType::f16: each16(static_cast<float16*>(dst)); break;
-  case DType::bf16: each16(static_cast<bfloat16*>(dst)); break;
-  case DType::i32:
-  case DType::i64: break;
-  }
+  with_dtype(t, [&]<class T>() {
+    T* d = static_cast<T*>(dst);
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      for (std::size_t i = 0; i < n; ++i) d[i] = T::from_float(d[i].to_float() / static_cast<float>(ranks));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      for (std::size_t i = 0; i < n; ++i) d[i] /= static_cast<T>(ranks);
+    }
+  });
 }
 } // namespace collective
 

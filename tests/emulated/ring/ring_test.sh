@@ -24,7 +24,7 @@ expect_count() {  # pattern, count
 # The result table (nccl-tests' layout, printed by rank 0, with the launcher's "[rank 0] " prefix
 # or without it when the ranks run by hand): size, count, type, redop, algorithm, then time, algbw,
 # busbw and #wrong out of place and in place ("-" for a placement not run).
-rows() { sed -nE 's/^(\[rank 0\] )? +([0-9]+ +[0-9]+ +[a-z0-9]+ +(sum|prod|min|max|none) +[a-z]+ .*)$/\2/p' "$OUT"; }
+rows() { sed -nE 's/^(\[rank 0\] )? +([0-9]+ +[0-9]+ +[a-z0-9]+ +(sum|prod|min|max|avg|none) +[a-z]+ .*)$/\2/p' "$OUT"; }
 # Every row has 13 fields, a positive time wherever a placement ran, #wrong 0; at least MIN rows;
 # the table is of N ranks (if given) and its footer counts no wrong value.
 check_rows() {  # [min rows] [ranks]
@@ -100,7 +100,7 @@ case "$CASE" in
     got=$(($(wc -l <"$WORK/rows.csv") - 1))
     [ "$got" -eq $((2 * sizes)) ] || fail "expected $((2 * sizes)) CSV rows, got $got"
     bad=$(awk -F, -v n="$n" 'NR > 1 {
-        es = ($3 == "float32" || $3 == "int32") ? 4 : ($3 == "float64" || $3 == "int64") ? 8 : 2
+        es = ($3 == "float32" || $3 == "int32" || $3 == "uint32") ? 4 : ($3 == "float64" || $3 == "int64" || $3 == "uint64") ? 8 : ($3 == "int8" || $3 == "uint8") ? 1 : 2
         alg = $1 / ($6 * 1e3); bus = alg * 2 * (n - 1) / n
         if (NF != 9 || $1 != $2 * es || $4 != "sum" || ($5 != "out" && $5 != "in") || !($6 > 0) || $9 != "0" ||
             ($7 - alg) > 0.01 * alg + 1e-6 || (alg - $7) > 0.01 * alg + 1e-6 || ($8 - bus) > 0.01 * bus + 1e-6 ||
@@ -350,9 +350,11 @@ case "$CASE" in
     refuse 2 "--algorithm must be auto, ring, latency or mesh" --local 2 --algorithm tree --iters 1
     refuse 2 "--algorithm mesh needs a cable between every pair of ranks: rank [0-9] has none toward 1 rank" --local 4 --algorithm mesh --iters 1
     refuse 2 "--mesh has one cable between every pair of hosts" --local 4 --mesh --cables 2 --iters 1
-    refuse 2 "--collective must be all_reduce, all_gather, reduce_scatter or broadcast" --local 2 --collective alltoall --iters 1
-    refuse 2 "--op must be sum, prod, min or max" --local 2 --op avg --iters 1
-    refuse 2 "--op applies to all_reduce and reduce_scatter" --local 2 --collective all_gather --op max --iters 1
+    refuse 2 "--collective must be all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter or all_to_all" --local 2 --collective alltoall --iters 1
+    refuse 2 "--op must be sum, prod, min, max or avg" --local 2 --op mean --iters 1
+    refuse 2 "--op applies to all_reduce, reduce_scatter and reduce" --local 2 --collective all_gather --op max --iters 1
+    refuse 2 "--op avg takes floating-point types" --local 2 --op avg --dtype int32 --iters 1
+    refuse 2 "--place in: all_to_all runs out of place only" --local 2 --collective all_to_all --place in --iters 1
     refuse 2 "--root 3 is not a rank of 0..1" --local 2 --collective broadcast --root 3 --iters 1
     refuse 2 "--place in: reduce_scatter runs out of place only" --local 2 --collective reduce_scatter --place in --iters 1
     refuse 2 "--factor must be 2..1024" --local 2 -b 4K -e 1M -f 1 --iters 1
@@ -374,7 +376,7 @@ case "$CASE" in
     refuse 105 "--stop-rank: applies to --local N only" --stop-rank 1 --iters 1
     refuse 105 "--kill-after: Value -1 not in range 0 to 3600000" --local 2 --kill-rank 1 --kill-after -1
     # Issue 38: options that each parse but together cannot be honoured (each exited 0, ignored).
-    refuse 2 "--root applies to --collective broadcast \\(all_reduce has no root\\)" --local 2 --root 1 --iters 1
+    refuse 2 "--root applies to --collective broadcast, reduce, gather and scatter \\(all_reduce has no root\\)" --local 2 --root 1 --iters 1
     refuse 2 "--quirk empty_rq is given twice \\(empty_rq=drop, empty_rq=wait\\): one reading per run" --local 2 --quirk empty_rq=drop --quirk empty_rq=wait --iters 1
     refuse 2 "--profile lists 3 profiles, more than the 2 hosts" --local 2 --profile thunderbolt,rdma-core-rc,usb4-rdma --iters 1
     refuse 2 "--kill-rank and --stop-rank: give one" --local 2 --kill-rank 1 --stop-rank 1

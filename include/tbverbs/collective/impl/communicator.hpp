@@ -27,6 +27,7 @@ struct Communicator::State {
   std::shared_ptr<collective::RegistrationCache> cache; ///< User memory registrations (shared with their handles).
   std::optional<AlignedBuffer> work;                    ///< reduce_scatter's partial sums (the communicator's own).
   std::optional<AlignedBuffer> small;                   ///< barrier's word.
+  std::optional<AlignedBuffer> spill;                   ///< A lowered call's result where the caller keeps none (Communicator::lower).
   std::optional<Error> broken;                          ///< The error that broke it, if one did.
   std::atomic<int> busy{0};                             ///< 1 while a call runs (Busy).
   std::uint64_t collectives = 0;                        ///< Collective calls made (the next one's number).
@@ -54,6 +55,15 @@ public:
 private:
   State& s_;
   bool held_;
+};
+
+/// A call as a schedule runs it: reduce as all_reduce, gather and all_to_all as all_gather,
+/// scatter as broadcast (Communicator::lower); the others as they are.
+struct Communicator::Lowered {
+  collective::Collective kind;    ///< The schedule's collective.
+  std::span<const std::byte> in;  ///< What it reads.
+  std::span<std::byte> out;       ///< What it writes (the caller's, or the communicator's spill buffer).
+  int arg;                        ///< The root or peer.
 };
 
 /// The buffers and registrations of one call, released when it ends.
@@ -466,6 +476,7 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run_on_side_channel(const coll
 }
 
 // Arguments every rank can check alone: refused before anything is sent, breaking nothing.
+// (reduce's and gather's `out` and scatter's `in` reach here empty on the ranks that ignore them.)
 TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collective kind, DType t, ReduceOp op,
                                                          std::span<const std::byte> in, std::span<std::byte> out,
                                                          int arg) const {
@@ -476,22 +487,38 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collectiv
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(collective::collective_name(kind)) + ": " + d));
   };
   if (in.size() % es != 0 || out.size() % es != 0) return invalid("sizes are not whole elements of " + std::string(dtype_name(t)));
-  if (op == ReduceOp::avg && !dtype_is_floating(t) && (kind == Collective::all_reduce || kind == Collective::reduce_scatter))
+  const bool reduces = kind == Collective::all_reduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+  if (op == ReduceOp::avg && !dtype_is_floating(t) && reduces)
     return invalid("avg of " + std::string(dtype_name(t)) +
                    " elements: avg is defined for floating-point types; for integers, sum and divide as you need");
-  const bool overlap = !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
-  if ((kind == Collective::broadcast) && (arg < 0 || arg >= n)) return invalid("root " + std::to_string(arg) + " is not a rank of 0.." + std::to_string(n - 1));
+  const bool rooted = kind == Collective::broadcast || kind == Collective::reduce || kind == Collective::gather || kind == Collective::scatter;
+  if (rooted && (arg < 0 || arg >= n)) return invalid("root " + std::to_string(arg) + " is not a rank of 0.." + std::to_string(n - 1));
   if ((kind == Collective::send || kind == Collective::recv) && (arg < 0 || arg >= n || arg == me))
     return invalid("peer " + std::to_string(arg) + " is not another rank of 0.." + std::to_string(n - 1));
-  if (kind == Collective::all_reduce && overlap && in.data() != out.data()) return invalid("in and out overlap without being the same");
-  if (kind == Collective::all_gather && overlap && in.data() != out.data() + static_cast<std::size_t>(me) * in.size())
-    return invalid("in overlaps out without being this rank's block of it");
-  if (kind == Collective::reduce_scatter && overlap) return invalid("in and out overlap");
+  const bool overlap = !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
+  if (!overlap) return {};
+  switch (kind) {
+  case Collective::all_reduce:
+  case Collective::reduce:
+    if (in.data() != out.data()) return invalid("in and out overlap without being the same");
+    break;
+  case Collective::all_gather:
+  case Collective::gather:
+    if (in.data() != out.data() + static_cast<std::size_t>(me) * in.size()) return invalid("in overlaps out without being this rank's block of it");
+    break;
+  case Collective::scatter:
+    if (out.data() != in.data() + static_cast<std::size_t>(me) * out.size()) return invalid("out overlaps in without being this rank's block of it");
+    break;
+  case Collective::reduce_scatter:
+  case Collective::all_to_all: return invalid("in and out overlap");
+  default: break; // broadcast's one buffer is both
+  }
   return {};
 }
 
 // The algorithm a call runs: all_reduce, all_gather and reduce_scatter choose by their bytes per
-// rank (all_reduce as the options ask); the others have one each.
+// rank (all_reduce as the options ask); the others have one each. `kind` is the schedule's (a
+// lowered call's: Communicator::lower).
 TBVERBS_COLLECTIVE_DEF collective::Algorithm Communicator::algorithm_of(collective::Collective kind, std::size_t in_bytes,
                                                         std::size_t out_bytes) const {
   using collective::Collective;
@@ -511,15 +538,22 @@ TBVERBS_COLLECTIVE_DEF collective::CallIdentity Communicator::identify(collectiv
   collective::CallIdentity id;
   id.kind = kind;
   id.type = t;
-  id.op = kind == Collective::all_reduce || kind == Collective::reduce_scatter ? op : ReduceOp::sum;
+  id.op = kind == Collective::all_reduce || kind == Collective::reduce_scatter || kind == Collective::reduce ? op : ReduceOp::sum;
   id.algorithm = algo;
-  const std::size_t es = dtype_size(t);
-  id.count = kind == Collective::reduce_scatter || kind == Collective::recv || kind == Collective::broadcast ? out_bytes / es
-             : kind == Collective::barrier                                                                 ? 0
-                                                                                                           : in_bytes / es;
+  const std::size_t es = dtype_size(t), n = static_cast<std::size_t>(size());
+  switch (kind) {
+  case Collective::reduce_scatter:
+  case Collective::recv:
+  case Collective::broadcast:
+  case Collective::scatter: id.count = out_bytes / es; break;
+  case Collective::barrier: id.count = 0; break;
+  case Collective::all_to_all: id.count = in_bytes / es / n; break;
+  default: id.count = in_bytes / es;
+  }
   id.rank = rank();
   id.collective_seq = s_->collectives;
-  if (kind == Collective::broadcast) id.root = arg;
+  if (kind == Collective::broadcast || kind == Collective::reduce || kind == Collective::gather || kind == Collective::scatter)
+    id.root = arg;
   if (kind == Collective::send) {
     id.from = rank();
     id.to = arg;
@@ -531,6 +565,76 @@ TBVERBS_COLLECTIVE_DEF collective::CallIdentity Communicator::identify(collectiv
     id.pair_seq = s_->received[static_cast<std::size_t>(arg)];
   }
   return id;
+}
+
+// A buffer the communicator owns, at least `bytes` long: registered like a cached user buffer, so
+// a larger one replaces it (the old registration forgotten first).
+TBVERBS_COLLECTIVE_DEF Result<std::byte*> Communicator::own_buffer(std::optional<AlignedBuffer>& b, std::size_t bytes) {
+  if (!b || b->size() < bytes) {
+    if (b) s_->cache->forget(b->data(), b->size());
+    b.reset();
+    auto fresh = AlignedBuffer::allocate(std::max<std::size_t>(bytes, 1));
+    if (!fresh) return fail(fresh.error());
+    b.emplace(std::move(*fresh));
+  }
+  return b->data();
+}
+
+// reduce, gather, scatter and all_to_all run on the schedules of all_reduce, all_gather and
+// broadcast: the ranks that keep no result (or all_to_all, every rank) receive into the
+// communicator's own buffer, which finish() reads from. The call's identity stays the caller's.
+TBVERBS_COLLECTIVE_DEF Result<Communicator::Lowered> Communicator::lower(collective::Collective kind, std::span<const std::byte> in,
+                                                                       std::span<std::byte> out, int root) {
+  using collective::Collective;
+  const std::size_t n = static_cast<std::size_t>(size());
+  const bool at_root = rank() == root;
+  auto spill = [&](std::size_t bytes) -> Result<std::span<std::byte>> {
+    auto p = own_buffer(s_->spill, bytes);
+    if (!p) return fail(p.error());
+    return std::span<std::byte>(*p, bytes);
+  };
+  Lowered l{collective::schedule_of(kind), in, out, root};
+  switch (kind) {
+  case Collective::reduce:
+  case Collective::gather: {
+    if (at_root) return l;
+    auto o = spill(kind == Collective::reduce ? in.size() : in.size() * n);
+    if (!o) return fail(o.error());
+    l.out = *o;
+    return l;
+  }
+  case Collective::all_to_all: {
+    auto o = spill(in.size() * n);
+    if (!o) return fail(o.error());
+    l.out = *o;
+    return l;
+  }
+  case Collective::scatter: { // the root's `in` is only read (a chain's root receives nothing)
+    if (at_root) l.out = std::span<std::byte>(const_cast<std::byte*>(in.data()), in.size());
+    else if (auto o = spill(out.size() * n); !o) return fail(o.error());
+    else l.out = *o;
+    l.in = l.out;
+    return l;
+  }
+  default: return l;
+  }
+}
+
+// After a lowered call: the caller's result out of the communicator's buffer; avg's division.
+TBVERBS_COLLECTIVE_DEF void Communicator::finish(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                                               std::span<std::byte> out, const Lowered& l) {
+  using collective::Collective;
+  const std::size_t n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+  if (kind == Collective::scatter) {
+    const std::byte* mine = l.out.data() + me * out.size();
+    if (mine != out.data() && !out.empty()) std::memmove(out.data(), mine, out.size());
+  }
+  if (kind == Collective::all_to_all) { // block q of out: rank q's block `me`
+    const std::size_t b = in.size() / n;
+    for (std::size_t q = 0; q < n && b > 0; ++q) std::memcpy(out.data() + q * b, l.out.data() + q * in.size() + me * b, b);
+  }
+  const bool reduced = kind == Collective::all_reduce || kind == Collective::reduce_scatter || kind == Collective::reduce;
+  if (op == ReduceOp::avg && reduced && !out.empty()) collective::divide(t, out.data(), out.size() / dtype_size(t), size());
 }
 
 // The shape a schedule sees, and the user memory it moves registered or staged. The scratch
@@ -560,14 +664,9 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::prepare(collective::Collective
   if (kind == Collective::reduce_scatter && algo == collective::Algorithm::ring) {
     // The partial sums: a work buffer as large as the input, the communicator's own, registered
     // as a cached entry (its pages never change while it lives).
-    if (!s_->work || s_->work->size() < mem.input.bytes) {
-      if (s_->work) s_->cache->forget(s_->work->data(), s_->work->size());
-      s_->work.reset();
-      auto w = AlignedBuffer::allocate(mem.input.bytes);
-      if (!w) return fail(w.error());
-      s_->work.emplace(std::move(*w));
-    }
-    mem.work.data = s_->work->data();
+    auto w = own_buffer(s_->work, mem.input.bytes);
+    if (!w) return fail(w.error());
+    mem.work.data = *w;
     mem.work.bytes = mem.input.bytes;
     if (!stage_all) cm.pinned[1] = s_->cache->find(mem.work.data, mem.work.bytes, true, mem.work);
   }
@@ -607,84 +706,98 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::dispatch(collective::Algorithm
   return engine.run(plan, mem, id, s_->where);
 }
 
-TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
-                                      std::span<std::byte> out, int arg) {
+// The link a send or recv to `peer` goes over (the right cable 0 of the sender is the left cable
+// 0 of the receiver; a mesh link both ways), or nullopt: the side channel.
+TBVERBS_COLLECTIVE_DEF std::optional<std::size_t> Communicator::link_to(collective::Collective kind, int peer) const {
+  const collective::Network& net = *s_->net;
+  const bool sending = kind == collective::Collective::send;
+  if (sending ? peer == net.right() : peer == net.left()) return net.first(sending ? collective::Side::right : collective::Side::left);
+  if (sending ? peer == net.left() : peer == net.right()) return net.first(sending ? collective::Side::left : collective::Side::right);
+  return net.mesh_link(peer);
+}
+
+// The shape and memory a schedule sees for the (lowered) call `l`; barrier's word is the
+// communicator's own.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::shape_of(const Lowered& l, DType t, ReduceOp op, collective::OpShape& shape,
+                                                         collective::OpMemory& mem) {
   using collective::Collective;
-  const std::string_view name = collective::collective_name(kind);
-  if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, std::string(name) + " on a moved-from or closed communicator"));
-  Busy busy(*s_);
+  shape.kind = l.kind == Collective::barrier ? Collective::all_reduce : l.kind;
+  shape.type = t;
+  shape.op = op;
+  mem.input.data = const_cast<std::byte*>(l.in.data());
+  mem.input.bytes = l.in.size();
+  mem.output.data = l.out.data();
+  mem.output.bytes = l.out.size();
+  const std::size_t es = dtype_size(t);
+  switch (l.kind) {
+  case Collective::all_reduce: shape.count = l.in.size() / es; shape.in_place = l.in.data() == l.out.data(); break;
+  case Collective::all_gather: shape.count = l.out.size() / es; break;
+  case Collective::reduce_scatter: shape.count = l.in.size() / es; break;
+  case Collective::broadcast: shape.count = l.out.size() / es; shape.root = l.arg; break;
+  case Collective::send: shape.count = l.in.size() / es; shape.peer = l.arg; break;
+  case Collective::recv: shape.count = l.out.size() / es; shape.peer = l.arg; break;
+  case Collective::barrier: {
+    auto w = own_buffer(s_->small, 2 * sizeof(std::int32_t));
+    if (!w) return fail(w.error());
+    shape.count = 1;
+    shape.in_place = true;
+    mem.input.data = mem.output.data = *w;
+    mem.input.bytes = mem.output.bytes = sizeof(std::int32_t);
+    break;
+  }
+  default: break; // lowered already
+  }
+  return {};
+}
+
+// Checks every call makes before it counts: the communicator usable, this thread its only
+// caller (`busy`), no abort pending, the arguments.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op,
+                                                      std::span<const std::byte> in, std::span<std::byte> out, int arg) {
+  const std::string name(collective::collective_name(kind));
   if (!busy.held())
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                            std::string(name) + " called while another call of this communicator runs (one thread at a time)"));
+                            name + " called while another call of this communicator runs (one thread at a time)"));
   if (s_->broken) return fail(*s_->broken);
   if (s_->sc.abort_requested()) // abort() from another thread between calls: the peers are told now
     if (auto r = s_->sc.check_peers(); !r) {
       s_->broken = r.error();
       return r;
     }
-  if (auto v = validate(kind, t, op, in, out, arg); !v) return v;
+  return validate(kind, t, op, in, out, arg);
+}
+
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                                      std::span<std::byte> out, int arg) {
+  using collective::Collective;
+  const std::string name(collective::collective_name(kind));
+  if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, name + " on a moved-from or closed communicator"));
+  Busy busy(*s_);
+  if (auto a = admit(busy, kind, t, op, in, out, arg); !a) return a;
   if (!s_->net) { // one rank: local copies
-    if ((kind == Collective::all_reduce || kind == Collective::all_gather || kind == Collective::reduce_scatter) &&
-        in.data() != out.data() && !out.empty())
-      std::memmove(out.data(), in.data(), out.size());
+    if (!in.empty() && !out.empty() && in.data() != out.data()) std::memmove(out.data(), in.data(), out.size());
     return {};
   }
-  collective::Network& net = *s_->net;
-  const collective::Algorithm algo = algorithm_of(kind, in.size(), out.size());
+  auto lowered = lower(kind, in, out, arg);
+  if (!lowered) return fail(lowered.error()); // nothing sent, nothing counted
+  const Lowered& l = *lowered;
+  const collective::Algorithm algo = algorithm_of(l.kind, l.in.size(), l.out.size());
   const collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
-  const std::size_t per_rank = kind == Collective::reduce_scatter ? out.size() : in.size();
-  if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > net.layout().vector_bytes)
+  const std::size_t per_rank = l.kind == Collective::reduce_scatter ? l.out.size() : l.in.size();
+  if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > s_->net->layout().vector_bytes)
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                            std::string(name) + ": the " + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
-                                std::to_string(net.layout().vector_bytes) + " bytes per rank, not " + std::to_string(per_rank)));
+                            name + ": the " + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
+                                std::to_string(s_->net->layout().vector_bytes) + " bytes per rank, not " + std::to_string(per_rank)));
   // From here the call counts: its number is in its identity.
   if (id.point_to_point()) ++(kind == Collective::send ? s_->sent : s_->received)[static_cast<std::size_t>(arg)];
   else ++s_->collectives;
   s_->where.clear();
-  auto broken = [&](Error e) {
-    const std::string what = collective::describe(id) + " (" + std::string(collective::algorithm_name(algo)) + ")";
-    return fail(broke(std::move(e), what));
-  };
-
+  auto broken = [&](Error e) { return fail(broke(std::move(e), collective::describe(id) + " (" + std::string(collective::algorithm_name(algo)) + ")")); };
   collective::OpShape shape;
-  shape.kind = kind == Collective::barrier ? Collective::all_reduce : kind;
-  shape.type = t;
-  shape.op = op;
   CallMemory cm;
-  collective::OpMemory& mem = cm.mem;
-  mem.input.data = const_cast<std::byte*>(in.data());
-  mem.input.bytes = in.size();
-  mem.output.data = out.data();
-  mem.output.bytes = out.size();
-  const std::size_t es = dtype_size(t);
-  switch (kind) {
-  case Collective::all_reduce: shape.count = in.size() / es; shape.in_place = in.data() == out.data(); break;
-  case Collective::all_gather: shape.count = out.size() / es; break;
-  case Collective::reduce_scatter: shape.count = in.size() / es; break;
-  case Collective::broadcast: shape.count = out.size() / es; shape.root = arg; break;
-  case Collective::send:
-  case Collective::recv: shape.count = (kind == Collective::send ? in.size() : out.size()) / es; shape.peer = arg; break;
-  case Collective::barrier: {
-    if (!s_->small) {
-      auto b = AlignedBuffer::allocate(2 * sizeof(std::int32_t));
-      if (!b) return broken(b.error());
-      s_->small.emplace(std::move(*b));
-    }
-    shape.count = 1;
-    shape.in_place = true;
-    mem.input.data = mem.output.data = s_->small->data();
-    mem.input.bytes = mem.output.bytes = sizeof(std::int32_t);
-    break;
-  }
-  }
-  if (kind == Collective::send || kind == Collective::recv) {
-    // The link to the peer (the right cable 0 of the sender is the left cable 0 of the receiver;
-    // a mesh link both ways), or the side channel.
-    const bool sending = kind == Collective::send;
-    std::optional<std::size_t> link;
-    if (sending ? arg == net.right() : arg == net.left()) link = net.first(sending ? collective::Side::right : collective::Side::left);
-    else if (sending ? arg == net.left() : arg == net.right()) link = net.first(sending ? collective::Side::left : collective::Side::right);
-    else link = net.mesh_link(arg);
+  if (auto sh = shape_of(l, t, op, shape, cm.mem); !sh) return broken(sh.error());
+  if (id.point_to_point()) {
+    const auto link = link_to(kind, arg);
     if (!link) {
       if (auto r = run_on_side_channel(id, in, out); !r) return broken(r.error());
       return {};
@@ -692,10 +805,9 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
     shape.link = *link;
   }
   if (shape.count > 0)
-    if (auto p = prepare(kind, algo, shape, cm); !p) return broken(p.error());
-  if (auto r = dispatch(algo, shape, mem, id); !r) return broken(r.error());
-  if (op == ReduceOp::avg && (kind == Collective::all_reduce || kind == Collective::reduce_scatter))
-    collective::divide(t, out.data(), out.size() / es, size()); // every rank holds the sum now
+    if (auto p = prepare(l.kind, algo, shape, cm); !p) return broken(p.error());
+  if (auto r = dispatch(algo, shape, cm.mem, id); !r) return broken(r.error());
+  finish(kind, t, op, in, out, l);
   return {};
 }
 
