@@ -29,6 +29,7 @@
 #include "call.hpp"
 #include "linkage.hpp"
 #include "options.hpp"
+#include "request.hpp"
 #include "types.hpp"
 
 #include <algorithm>
@@ -133,13 +134,16 @@ public:
   /// Ranks in the job.
   int size() const noexcept;
 
+  // Every collective below comes blocking (`all_reduce`) and non-blocking (`all_reduce_async`,
+  // the same parameters, a Request back: see "Requests" at the top of this file), typed and on
+  // bytes with a DType (for backends that dispatch at run time; sizes in bytes, whole elements).
+
   /// out[i] = in[i] combined over every rank with `op`; in place when in.data() == out.data().
   /// Every rank passes the same count. Errors: invalid_argument (sizes differ, or the spans
   /// overlap without being the same); call_mismatch; the collective's (see the top of this file).
   template <CollectiveElement T>
   [[nodiscard]] Result<void> all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
-    if (in.size() != out.size()) return size_error("all_reduce", "in", in.size(), "out", out.size());
-    return run(collective::Collective::all_reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
+    return call(collective::Collective::all_reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
   /// all_reduce from a mutable input span (`std::span<float>` does not deduce `span<const T>`).
   template <CollectiveElement T>
@@ -150,151 +154,203 @@ public:
   template <CollectiveElement T> [[nodiscard]] Result<void> all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
     return all_reduce(std::span<const T>(buf), buf, op);
   }
+  /// all_reduce, non-blocking.
+  template <CollectiveElement T>
+  [[nodiscard]] Result<Request> all_reduce_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return call_async(collective::Collective::all_reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
+  }
+  /// all_reduce_async from a mutable input span.
+  template <CollectiveElement T>
+  [[nodiscard]] Result<Request> all_reduce_async(std::span<T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_async(std::span<const T>(in), out, op);
+  }
+  /// all_reduce_async in place.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> all_reduce_async(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_async(std::span<const T>(buf), buf, op);
+  }
+
   /// out = every rank's `in`, in rank order: out.size() == size() * in.size(). In place when `in`
   /// is this rank's block of `out`.
   template <CollectiveElement T> [[nodiscard]] Result<void> all_gather(std::span<const T> in, std::span<T> out) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      return size_error("all_gather", "out", out.size(), "size() x in", in.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::all_gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
+    return call(collective::Collective::all_gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
   /// all_gather from a mutable input span.
   template <CollectiveElement T> [[nodiscard]] Result<void> all_gather(std::span<T> in, std::span<T> out) {
     return all_gather(std::span<const T>(in), out);
+  }
+  /// all_gather, non-blocking.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> all_gather_async(std::span<const T> in, std::span<T> out) {
+    return call_async(collective::Collective::all_gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
+  }
+  /// all_gather_async from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> all_gather_async(std::span<T> in, std::span<T> out) {
+    return all_gather_async(std::span<const T>(in), out);
+  }
+
+  /// out = this rank's block of `in` combined over every rank: in.size() == size() * out.size().
+  template <CollectiveElement T>
+  [[nodiscard]] Result<void> reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return call(collective::Collective::reduce_scatter, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
   /// reduce_scatter from a mutable input span.
   template <CollectiveElement T>
   [[nodiscard]] Result<void> reduce_scatter(std::span<T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
     return reduce_scatter(std::span<const T>(in), out, op);
   }
-  /// out = this rank's block of `in` combined over every rank: in.size() == size() * out.size().
+  /// reduce_scatter, non-blocking.
   template <CollectiveElement T>
-  [[nodiscard]] Result<void> reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      return size_error("reduce_scatter", "in", in.size(), "size() x out", out.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::reduce_scatter, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
+  [[nodiscard]] Result<Request> reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return call_async(collective::Collective::reduce_scatter, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
+  /// reduce_scatter_async from a mutable input span.
+  template <CollectiveElement T>
+  [[nodiscard]] Result<Request> reduce_scatter_async(std::span<T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    return reduce_scatter_async(std::span<const T>(in), out, op);
+  }
+
   /// `buf` on every rank becomes `root`'s.
   template <CollectiveElement T> [[nodiscard]] Result<void> broadcast(std::span<T> buf, int root) {
-    return run(collective::Collective::broadcast, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(std::span<const T>(buf)),
-               std::as_writable_bytes(buf), root);
+    return call(collective::Collective::broadcast, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(std::span<const T>(buf)), std::as_writable_bytes(buf), root);
   }
+  /// broadcast, non-blocking.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> broadcast_async(std::span<T> buf, int root) {
+    return call_async(collective::Collective::broadcast, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(std::span<const T>(buf)), std::as_writable_bytes(buf), root);
+  }
+
   /// Sends `buf` to `peer`, which calls recv() with a buffer of the same size. Over the link to
   /// it (ring neighbours, mesh-cabled ranks); over the side channel where the ranks share no cable
   /// (docs/collectives.md, "send and recv").
   template <CollectiveElement T> [[nodiscard]] Result<void> send(std::span<const T> buf, int peer) {
-    return run(collective::Collective::send, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(buf), {}, peer);
+    return call(collective::Collective::send, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(buf), {}, peer);
   }
   /// send from a mutable span.
   template <CollectiveElement T> [[nodiscard]] Result<void> send(std::span<T> buf, int peer) {
     return send(std::span<const T>(buf), peer);
   }
+  /// send, non-blocking: a pair's send_async and recv_async issued before either is waited on
+  /// run as one group (two ranks that both send first complete: "Requests" above).
+  template <CollectiveElement T> [[nodiscard]] Result<Request> send_async(std::span<const T> buf, int peer) {
+    return call_async(collective::Collective::send, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(buf), {}, peer);
+  }
+  /// send_async from a mutable span.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> send_async(std::span<T> buf, int peer) {
+    return send_async(std::span<const T>(buf), peer);
+  }
   /// Receives `peer`'s send() into `buf` (the same size).
   template <CollectiveElement T> [[nodiscard]] Result<void> recv(std::span<T> buf, int peer) {
-    return run(collective::Collective::recv, dtype_of_v<T>, ReduceOp::sum, {}, std::as_writable_bytes(buf), peer);
+    return call(collective::Collective::recv, dtype_of_v<T>, ReduceOp::sum, {}, std::as_writable_bytes(buf), peer);
   }
+  /// recv, non-blocking (see send_async()).
+  template <CollectiveElement T> [[nodiscard]] Result<Request> recv_async(std::span<T> buf, int peer) {
+    return call_async(collective::Collective::recv, dtype_of_v<T>, ReduceOp::sum, {}, std::as_writable_bytes(buf), peer);
+  }
+
   /// out = `in` combined over every rank with `op`, at `root` only: there out.size() == in.size()
   /// (in place when they are the same); every other rank's `out` is neither checked nor written
   /// (pass an empty span). Runs as all_reduce into the communicator's own buffer on the other
-  /// ranks (docs/collectives.md, "reduce, gather, scatter": the bytes it moves and the memory it
-  /// holds).
+  /// ranks (docs/collectives.md, "reduce, gather, scatter, all_to_all": the bytes it moves and the
+  /// memory it holds).
   template <CollectiveElement T>
   [[nodiscard]] Result<void> reduce(std::span<const T> in, std::span<T> out, ReduceOp op, int root) {
-    return reduce(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, op, root);
+    return call(collective::Collective::reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), root);
   }
   /// reduce from a mutable input span.
   template <CollectiveElement T> [[nodiscard]] Result<void> reduce(std::span<T> in, std::span<T> out, ReduceOp op, int root) {
     return reduce(std::span<const T>(in), out, op, root);
   }
+  /// reduce, non-blocking.
+  template <CollectiveElement T>
+  [[nodiscard]] Result<Request> reduce_async(std::span<const T> in, std::span<T> out, ReduceOp op, int root) {
+    return call_async(collective::Collective::reduce, dtype_of_v<T>, op, std::as_bytes(in), std::as_writable_bytes(out), root);
+  }
   /// out = every rank's `in`, in rank order, at `root` only: there out.size() == size() *
   /// in.size() (in place when `in` is the root's block of `out`); every other rank's `out` is
   /// neither checked nor written.
   template <CollectiveElement T> [[nodiscard]] Result<void> gather(std::span<const T> in, std::span<T> out, int root) {
-    return gather(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, root);
+    return call(collective::Collective::gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), root);
   }
   /// gather from a mutable input span.
   template <CollectiveElement T> [[nodiscard]] Result<void> gather(std::span<T> in, std::span<T> out, int root) {
     return gather(std::span<const T>(in), out, root);
   }
+  /// gather, non-blocking.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> gather_async(std::span<const T> in, std::span<T> out, int root) {
+    return call_async(collective::Collective::gather, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), root);
+  }
   /// out = block rank() of `root`'s `in`: in.size() == size() * out.size() at the root (in place
   /// when `out` is the root's block of `in`); every other rank's `in` is neither checked nor read.
   template <CollectiveElement T> [[nodiscard]] Result<void> scatter(std::span<const T> in, std::span<T> out, int root) {
-    return scatter(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>, root);
+    return call(collective::Collective::scatter, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), root);
   }
   /// scatter from a mutable input span.
   template <CollectiveElement T> [[nodiscard]] Result<void> scatter(std::span<T> in, std::span<T> out, int root) {
     return scatter(std::span<const T>(in), out, root);
   }
+  /// scatter, non-blocking.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> scatter_async(std::span<const T> in, std::span<T> out, int root) {
+    return call_async(collective::Collective::scatter, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), root);
+  }
   /// Block q of `out` = block rank() of rank q's `in`: equal blocks, in.size() == out.size(), a
   /// multiple of size(); the spans do not overlap.
   template <CollectiveElement T> [[nodiscard]] Result<void> all_to_all(std::span<const T> in, std::span<T> out) {
-    return all_to_all(std::as_bytes(in), std::as_writable_bytes(out), dtype_of_v<T>);
+    return call(collective::Collective::all_to_all, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
   }
   /// all_to_all from a mutable input span.
   template <CollectiveElement T> [[nodiscard]] Result<void> all_to_all(std::span<T> in, std::span<T> out) {
     return all_to_all(std::span<const T>(in), out);
   }
+  /// all_to_all, non-blocking.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> all_to_all_async(std::span<const T> in, std::span<T> out) {
+    return call_async(collective::Collective::all_to_all, dtype_of_v<T>, ReduceOp::sum, std::as_bytes(in), std::as_writable_bytes(out), 0);
+  }
+  /// all_to_all_async from a mutable input span.
+  template <CollectiveElement T> [[nodiscard]] Result<Request> all_to_all_async(std::span<T> in, std::span<T> out) {
+    return all_to_all_async(std::span<const T>(in), out);
+  }
   /// Returns once every rank has called barrier(); in band (a one-element all_reduce).
-  [[nodiscard]] Result<void> barrier() {
-    return run(collective::Collective::barrier, DType::i32, ReduceOp::max, {}, {}, 0);
-  }
+  [[nodiscard]] Result<void> barrier() { return call(collective::Collective::barrier, DType::i32, ReduceOp::max, {}, {}, 0); }
+  /// barrier, non-blocking.
+  [[nodiscard]] Result<Request> barrier_async() { return call_async(collective::Collective::barrier, DType::i32, ReduceOp::max, {}, {}, 0); }
 
-  /// The collectives on untyped bytes, for backends that dispatch on a DType at run time
-  /// (the torch.distributed backend). Sizes are in bytes, whole elements of `t`.
+  /// all_reduce on bytes of `t` (see the top of this group).
   [[nodiscard]] Result<void> all_reduce(std::span<const std::byte> in, std::span<std::byte> out, DType t, ReduceOp op) {
-    if (in.size() != out.size()) return size_error("all_reduce", "in bytes", in.size(), "out bytes", out.size());
-    return run(collective::Collective::all_reduce, t, op, in, out, 0);
+    return call(collective::Collective::all_reduce, t, op, in, out, 0);
   }
-  /// See all_reduce(std::span<const std::byte>, ...).
+  /// all_gather on bytes of `t`.
   [[nodiscard]] Result<void> all_gather(std::span<const std::byte> in, std::span<std::byte> out, DType t) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      return size_error("all_gather", "out bytes", out.size(), "size() x in bytes", in.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::all_gather, t, ReduceOp::sum, in, out, 0);
+    return call(collective::Collective::all_gather, t, ReduceOp::sum, in, out, 0);
   }
-  /// See all_reduce(std::span<const std::byte>, ...).
+  /// reduce_scatter on bytes of `t`.
   [[nodiscard]] Result<void> reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, DType t, ReduceOp op) {
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      return size_error("reduce_scatter", "in bytes", in.size(), "size() x out bytes", out.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::reduce_scatter, t, op, in, out, 0);
+    return call(collective::Collective::reduce_scatter, t, op, in, out, 0);
   }
-  /// See all_reduce(std::span<const std::byte>, ...).
-  [[nodiscard]] Result<void> broadcast(std::span<std::byte> buf, DType t, int root) {
-    return run(collective::Collective::broadcast, t, ReduceOp::sum, buf, buf, root);
-  }
-  /// See all_reduce(std::span<const std::byte>, ...).
-  [[nodiscard]] Result<void> send(std::span<const std::byte> buf, DType t, int peer) {
-    return run(collective::Collective::send, t, ReduceOp::sum, buf, {}, peer);
-  }
-  /// See all_reduce(std::span<const std::byte>, ...).
-  [[nodiscard]] Result<void> recv(std::span<std::byte> buf, DType t, int peer) {
-    return run(collective::Collective::recv, t, ReduceOp::sum, {}, buf, peer);
-  }
-
-  /// See all_reduce(std::span<const std::byte>, ...); `out` is checked at `root` only.
+  /// broadcast on bytes of `t`.
+  [[nodiscard]] Result<void> broadcast(std::span<std::byte> buf, DType t, int root) { return call(collective::Collective::broadcast, t, ReduceOp::sum, buf, buf, root); }
+  /// send on bytes of `t`.
+  [[nodiscard]] Result<void> send(std::span<const std::byte> buf, DType t, int peer) { return call(collective::Collective::send, t, ReduceOp::sum, buf, {}, peer); }
+  /// recv on bytes of `t`.
+  [[nodiscard]] Result<void> recv(std::span<std::byte> buf, DType t, int peer) { return call(collective::Collective::recv, t, ReduceOp::sum, {}, buf, peer); }
+  /// reduce on bytes of `t`; `out` is checked at `root` only.
   [[nodiscard]] Result<void> reduce(std::span<const std::byte> in, std::span<std::byte> out, DType t, ReduceOp op, int root) {
-    if (rank() == root && in.size() != out.size()) return size_error("reduce", "in bytes", in.size(), "out bytes at the root", out.size());
-    return run(collective::Collective::reduce, t, op, in, rank() == root ? out : std::span<std::byte>(), root);
+    return call(collective::Collective::reduce, t, op, in, out, root);
   }
-  /// See all_reduce(std::span<const std::byte>, ...); `out` is checked at `root` only.
+  /// gather on bytes of `t`; `out` is checked at `root` only.
   [[nodiscard]] Result<void> gather(std::span<const std::byte> in, std::span<std::byte> out, DType t, int root) {
-    if (rank() == root && out.size() != in.size() * static_cast<std::size_t>(size()))
-      return size_error("gather", "out bytes at the root", out.size(), "size() x in bytes", in.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::gather, t, ReduceOp::sum, in, rank() == root ? out : std::span<std::byte>(), root);
+    return call(collective::Collective::gather, t, ReduceOp::sum, in, out, root);
   }
-  /// See all_reduce(std::span<const std::byte>, ...); `in` is checked at `root` only.
+  /// scatter on bytes of `t`; `in` is checked at `root` only.
   [[nodiscard]] Result<void> scatter(std::span<const std::byte> in, std::span<std::byte> out, DType t, int root) {
-    if (rank() == root && in.size() != out.size() * static_cast<std::size_t>(size()))
-      return size_error("scatter", "in bytes at the root", in.size(), "size() x out bytes", out.size() * static_cast<std::size_t>(size()));
-    return run(collective::Collective::scatter, t, ReduceOp::sum, rank() == root ? in : std::span<const std::byte>(), out, root);
+    return call(collective::Collective::scatter, t, ReduceOp::sum, in, out, root);
   }
-  /// See all_reduce(std::span<const std::byte>, ...).
+  /// all_to_all on bytes of `t`.
   [[nodiscard]] Result<void> all_to_all(std::span<const std::byte> in, std::span<std::byte> out, DType t) {
-    const std::size_t n = static_cast<std::size_t>(std::max(1, size()));
-    if (in.size() != out.size()) return size_error("all_to_all", "in bytes", in.size(), "out bytes", out.size());
-    if (in.size() % (n * dtype_size(t)) != 0)
-      return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                              "all_to_all: " + std::to_string(in.size() / dtype_size(t)) + " elements do not make " +
-                                  std::to_string(n) + " equal blocks"));
-    return run(collective::Collective::all_to_all, t, ReduceOp::sum, in, out, 0);
+    return call(collective::Collective::all_to_all, t, ReduceOp::sum, in, out, 0);
+  }
+  /// Any collective on bytes, non-blocking: `kind` with the arguments of its blocking form on bytes
+  /// (`arg`: the root or peer; unused ones empty or 0). For backends (the torch one).
+  [[nodiscard]] Result<Request> start(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out, DType t,
+                                      ReduceOp op = ReduceOp::sum, int arg = 0) {
+    return call_async(kind, t, op, in, out, arg);
   }
 
   /// Registers `memory` on every device until the returned handle goes (docs/collectives.md,
@@ -347,11 +403,12 @@ private:
   struct CallMemory; // the buffers and registrations of one call
   struct Lowered;    // a call as a schedule runs it
 
-  static Result<void> size_error(const char* what, const char* a, std::size_t x, const char* b, std::size_t y) {
-    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
-                            std::string(what) + ": " + a + " has " + std::to_string(x) + " elements, " + b + " " +
-                                std::to_string(y)));
-  }
+  Result<void> call(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in, std::span<std::byte> out,
+                    int arg);
+  Result<Request> call_async(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                             std::span<std::byte> out, int arg);
+  Result<void> check_sizes(collective::Collective kind, DType t, std::span<const std::byte>& in, std::span<std::byte>& out,
+                           int arg) const;
   Result<void> run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                    std::span<std::byte> out, int root_or_peer);
   Result<void> admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,

@@ -10,6 +10,7 @@
 #include "../choice.hpp"
 #include "../communicator.hpp"
 #include "../registration_cache.hpp"
+#include "requests.hpp"
 
 #include <atomic>
 #include <cstring>
@@ -34,7 +35,10 @@ struct Communicator::State {
   std::vector<std::uint64_t> sent;                      ///< send calls made, per peer.
   std::vector<std::uint64_t> received;                  ///< recv calls made, per peer.
   std::string where;                                    ///< The set-up step running (Network::create names it), for errors.
+  std::shared_ptr<collective::RequestQueue> progress;       ///< The progress thread (from the first *_async call).
+  Communicator* self = nullptr;                         ///< The Communicator holding this state (the progress thread calls it).
   ~State() {
+    if (progress) progress->shut_down();
     if (cache) cache->close(); // the registrations go before the devices' protection domains
   }
 };
@@ -87,16 +91,22 @@ TBVERBS_COLLECTIVE_DEF void MemoryRegistration::release() noexcept {
   entry_ = nullptr;
 }
 
+// A move waits for the started requests (the progress thread calls the Communicator that holds
+// the state), then points the state at its new holder.
 TBVERBS_COLLECTIVE_DEF Communicator::Communicator(Communicator&& o) noexcept {
+  if (o.s_ && o.s_->progress) (void)o.s_->progress->drain();
   const std::lock_guard<std::mutex> lock(o.guard_);
   s_ = std::move(o.s_);
+  if (s_) s_->self = this;
 }
 
 TBVERBS_COLLECTIVE_DEF Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
     (void)close();
+    if (o.s_ && o.s_->progress) (void)o.s_->progress->drain();
     const std::scoped_lock lock(guard_, o.guard_);
     s_ = std::move(o.s_);
+    if (s_) s_->self = this;
   }
   return *this;
 }
@@ -288,6 +298,13 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::close() {
     const std::lock_guard<std::mutex> lock(guard_);
     if (!s_) return {};
     s = s_.get();
+  }
+  if (s->progress) { // the started requests run first (bounded); then the thread ends
+    if (!s->progress->drain())
+      abort(Error::make(Step::collective, ErrorKind::timeout,
+                        "rank " + std::to_string(s->opts.rank) + " closed its communicator while its requests made no progress"));
+    (void)s->progress->drain();
+    s->progress->shut_down();
   }
   Result<void> r;
   {
@@ -765,6 +782,89 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::admit(const Busy& busy, collec
       return r;
     }
   return validate(kind, t, op, in, out, arg);
+}
+
+// Sizes every rank checks alone; the buffers a rank ignores (reduce's and gather's `out`, scatter's
+// `in`, on the ranks other than the root) become empty here, so nothing reads or writes them.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::check_sizes(collective::Collective kind, DType t, std::span<const std::byte>& in,
+                                                            std::span<std::byte>& out, int arg) const {
+  using collective::Collective;
+  const std::size_t es = dtype_size(t), n = static_cast<std::size_t>(std::max(1, size()));
+  const bool at_root = rank() == arg;
+  auto mismatch = [&](const char* a, std::size_t x, const char* b, std::size_t y) {
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            std::string(collective::collective_name(kind)) + ": " + a + " has " + std::to_string(x / es) + " elements, " +
+                                b + " " + std::to_string(y / es)));
+  };
+  switch (kind) {
+  case Collective::all_reduce: return in.size() == out.size() ? Result<void>() : mismatch("in", in.size(), "out", out.size());
+  case Collective::all_gather: return out.size() == n * in.size() ? Result<void>() : mismatch("out", out.size(), "size() x in", n * in.size());
+  case Collective::reduce_scatter: return in.size() == n * out.size() ? Result<void>() : mismatch("in", in.size(), "size() x out", n * out.size());
+  case Collective::reduce:
+    if (!at_root) out = {};
+    return !at_root || in.size() == out.size() ? Result<void>() : mismatch("in", in.size(), "out at the root", out.size());
+  case Collective::gather:
+    if (!at_root) out = {};
+    return !at_root || out.size() == n * in.size() ? Result<void>() : mismatch("out at the root", out.size(), "size() x in", n * in.size());
+  case Collective::scatter:
+    if (!at_root) in = {};
+    return !at_root || in.size() == n * out.size() ? Result<void>() : mismatch("in at the root", in.size(), "size() x out", n * out.size());
+  case Collective::all_to_all:
+    if (in.size() != out.size()) return mismatch("in", in.size(), "out", out.size());
+    if (in.size() % (n * es) == 0) return {};
+    return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
+                            "all_to_all: " + std::to_string(in.size() / es) + " elements do not make " + std::to_string(n) + " equal blocks"));
+  default: return {};
+  }
+}
+
+// A blocking call: run here, or, while started requests are queued or running, after them.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::call(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                                                     std::span<std::byte> out, int arg) {
+  if (auto sz = check_sizes(kind, t, in, out, arg); !sz) return sz;
+  if (s_ && s_->progress) {
+    bool idle;
+    {
+      const std::lock_guard<std::mutex> lock(s_->progress->mu);
+      idle = s_->progress->idle();
+    }
+    if (!idle) {
+      auto r = call_async(kind, t, op, in, out, arg);
+      if (!r) return fail(r.error());
+      return r->wait();
+    }
+  }
+  return run(kind, t, op, in, out, arg);
+}
+
+// A started call: checked now (a wrong argument is refused here and breaks nothing), queued for
+// the progress thread, which starts with the first.
+TBVERBS_COLLECTIVE_DEF Result<Request> Communicator::call_async(collective::Collective kind, DType t, ReduceOp op,
+                                                              std::span<const std::byte> in, std::span<std::byte> out, int arg) {
+  const std::string name(collective::collective_name(kind));
+  if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, name + " on a moved-from or closed communicator"));
+  if (auto sz = check_sizes(kind, t, in, out, arg); !sz) return fail(sz.error());
+  if (auto v = validate(kind, t, op, in, out, arg); !v) return fail(v.error());
+  if (!s_->progress) {
+    auto p = std::make_shared<collective::RequestQueue>();
+    p->timeout = s_->opts.timeout;
+    p->rank = rank();
+    State* st = s_.get();
+    p->execute = [st](collective::RequestState& r) { return st->self->run(r.kind, r.type, r.op, r.in, r.out, r.arg); };
+    p->abort = [st](const Error& e) { st->self->abort(e); };
+    p->thread = std::thread([raw = p.get()] { raw->loop(); });
+    s_->progress = std::move(p);
+  }
+  auto r = std::make_shared<collective::RequestState>();
+  r->kind = kind;
+  r->type = t;
+  r->op = op;
+  r->in = in;
+  r->out = out;
+  r->arg = arg;
+  r->progress = s_->progress;
+  s_->progress->enqueue(r);
+  return Request(std::move(r));
 }
 
 TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
