@@ -16,6 +16,8 @@
 //               --bench BYTES       instead of the checks: time a float32 sum all_reduce of BYTES
 //                                   per rank (--iters N, default 20, after 2 warm-ups; one line
 //                                   "bench: BYTES B, T us, algbw A GB/s, busbw B GB/s" from rank 0)
+//               --overlap R         with --bench: the overlap figure instead (an all_reduce_async
+//                                   of BYTES under compute as long; fails above R x the longer)
 // Launcher options: --link-gbps B --link-latency-us L (every cable direction paced: docs/emulator.md)
 // Exit 0 when everything matched; 1 with a line per mismatch otherwise.
 #include <tbverbs/collective.hpp>
@@ -47,6 +49,7 @@ struct RankOptions {
   bool expect_error = false;
   std::size_t bench_bytes = 0;
   int iters = 20;
+  double overlap_limit = 0; // --overlap R: the overlap figure instead of the bench, at most R
 };
 
 int g_failures = 0;
@@ -272,6 +275,41 @@ template <class T> void check_type(tbverbs::Communicator& c, std::size_t count) 
   // that works only because a send completes when its bytes are received, not when recv is called.
 }
 
+// The overlap figure (docs/collectives.md, "Requests"): T_comm, a blocking float32 sum all_reduce
+// of `bytes`; T_compute, a fixed amount of arithmetic calibrated alone to take about as long; T_both,
+// the all_reduce started with all_reduce_async, the same arithmetic, then wait(). Each the slowest
+// rank's mean over `iters`. Returns T_both / max(T_comm, T_compute); 1.0 is perfect overlap, 2.0 none.
+double overlap_figure(tbverbs::Communicator& c, std::size_t bytes, int iters) {
+  using clock = std::chrono::steady_clock;
+  std::vector<float> buf(std::max<std::size_t>(1, bytes / sizeof(float)), 1.0f), work(1 << 18, 1.0f);
+  auto pass = [&] { // one pass of arithmetic over 1 MiB (in cache): the program's compute
+    for (float& x : work) x = x * 0.999f + 0.001f;
+  };
+  auto mean_ms = [&](auto&& body) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < iters; ++i) body();
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count() / iters;
+  };
+  (void)ok(c.all_reduce(std::span<float>(buf)), "warm-up all_reduce");
+  const double comm = mean_ms([&] { (void)ok(c.all_reduce(std::span<float>(buf)), "all_reduce"); });
+  const double one_pass = mean_ms([&] { for (int k = 0; k < 20; ++k) pass(); }) / 20;
+  const int passes = std::max(1, static_cast<int>(comm / std::max(one_pass, 1e-6)));
+  const double compute = mean_ms([&] { for (int k = 0; k < passes; ++k) pass(); });
+  const double both = mean_ms([&] {
+    auto r = c.all_reduce_async(std::span<float>(buf));
+    for (int k = 0; k < passes; ++k) pass();
+    if (r) (void)ok(r->wait(), "all_reduce request");
+    else failed("all_reduce_async: " + r.error().message());
+  });
+  std::vector<double> t{comm, compute, both};
+  (void)ok(c.all_reduce(std::span<double>(t), ReduceOp::max), "all_reduce of the times");
+  const double figure = t[2] / std::max(t[0], t[1]);
+  if (c.rank() == 0)
+    std::printf("overlap: %zu B all_reduce %.1f ms, compute %.1f ms (%d passes, %.3f ms each; %.1f%% of the sum: %g), both %.1f ms: %.2f x the longer\n",
+                bytes, t[0], t[1], passes, one_pass, 100.0 * work[0] / (work[0] + 1.0f), static_cast<double>(work[0]), t[2], figure);
+  return figure;
+}
+
 int run_rank(const RankOptions& ro) {
   auto opts = tbverbs::CommunicatorOptions::from_env();
   if (!opts) {
@@ -286,6 +324,12 @@ int run_rank(const RankOptions& ro) {
   }
   tbverbs::Communicator& c = *comm;
 
+  if (ro.bench_bytes > 0 && ro.overlap_limit > 0) {
+    const double figure = overlap_figure(c, ro.bench_bytes, ro.iters);
+    if (figure > ro.overlap_limit) failed("overlap: " + std::to_string(figure) + " x the longer, above " + std::to_string(ro.overlap_limit));
+    if (!ok(c.barrier(), "final barrier")) return 1;
+    return g_failures == 0 ? 0 : 1;
+  }
   if (ro.bench_bytes > 0) {
     // The slowest rank's mean time per call: a barrier before the timed loop, then each rank's
     // mean, reduced with max (nccl-tests' convention).
@@ -471,7 +515,8 @@ int main(int argc, char** argv) {
           return 2;
         }
         ro.bench_bytes = static_cast<std::size_t>(*b);
-      } else if (a == "--iters") ro.iters = static_cast<int>(number(a, rank_args.emplace_back(need(i)), 1000000));
+      } else if (a == "--overlap") ro.overlap_limit = real(a, rank_args.emplace_back(need(i)), 100);
+      else if (a == "--iters") ro.iters = static_cast<int>(number(a, rank_args.emplace_back(need(i)), 1000000));
       else {
         std::fprintf(stderr, "unknown option %s\n", a.c_str());
         return 2;

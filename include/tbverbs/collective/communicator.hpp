@@ -10,6 +10,12 @@
 /// user's buffer. Ranks that made different calls fail, every one of them, with
 /// ErrorKind::call_mismatch naming both calls, and no user buffer is written.
 ///
+/// **Requests.** Every collective also comes non-blocking (`all_reduce_async`, ..., the same
+/// parameters): a `Request` (collective/request.hpp) to wait on or test, run by the
+/// communicator's progress thread in start order while the program computes; send_async and
+/// recv_async started before a wait run as one group that two ranks sending to each other
+/// complete. docs/collectives.md, "Requests".
+///
 /// **Threads.** A Communicator is used by one thread at a time: its calls run one after the other
 /// on every rank, in the same order (a call from a second thread while one runs fails with
 /// `invalid_argument` instead of corrupting the streams). abort() may be called from any thread
