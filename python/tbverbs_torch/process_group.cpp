@@ -95,6 +95,9 @@ std::span<std::byte> bytes_of(const at::Tensor& t) {
   return {static_cast<std::byte*>(t.data_ptr()), static_cast<std::size_t>(t.numel()) * t.element_size()};
 }
 
+// A root as the layer takes it: one beyond int reaches it as -1 (refused), not truncated into a rank.
+int root_of(std::int64_t r) { return r >= 0 && r <= std::numeric_limits<int>::max() ? static_cast<int>(r) : -1; }
+
 [[noreturn]] void throw_error(const tbverbs::Error& e) { TORCH_CHECK(false, "tbverbs: ", e.message()); }
 
 // The Store keys of the rendezvous (the Store torch gives is already prefixed per group).
@@ -269,12 +272,75 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<a
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
-  // The layer refuses a root outside the group (invalid_argument, nothing sent); one beyond int
-  // reaches it as -1, not truncated into a rank.
-  const int root = opts.rootRank >= 0 && opts.rootRank <= std::numeric_limits<int>::max() ? static_cast<int>(opts.rootRank) : -1;
+  const int root = root_of(opts.rootRank); // the layer refuses a root outside the group (invalid_argument, nothing sent)
   const auto dt = dtype_of(t, "broadcast");
   return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors,
                  [t, root, dt](tbverbs::Communicator& c) { return c.broadcast(bytes_of(t), dt, root); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  at::Tensor t = single(tensors, "reduce");
+  const auto op = reduce_op(opts.reduceOp, "reduce");
+  const auto dt = dtype_of(t, "reduce");
+  const int root = root_of(opts.rootRank);
+  // In place at the root; the other ranks' tensors are left as they were.
+  return enqueue(c10d::OpType::REDUCE, "reduce", tensors,
+                 [t, op, dt, root](tbverbs::Communicator& c) { return c.reduce(bytes_of(t), bytes_of(t), dt, op, root); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  at::Tensor in = single(inputs, "gather");
+  const int root = root_of(opts.rootRank);
+  const bool at_root = getRank() == root;
+  std::vector<at::Tensor> outs;
+  if (at_root) outs = check_list(outputs, in, getSize(), "gather");
+  else TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "tbverbs: gather: only the root passes a gather_list");
+  const auto dt = dtype_of(in, "gather");
+  return enqueue(c10d::OpType::GATHER, "gather", outs, [in, outs, dt, root, at_root](tbverbs::Communicator& c) -> tbverbs::Result<void> {
+    // At the root, gathered into one block, then copied out (the layer gathers into contiguous memory).
+    at::Tensor all = at::empty({at_root ? static_cast<std::int64_t>(outs.size()) * in.numel() : 0}, in.options());
+    if (auto r = c.gather(bytes_of(in), bytes_of(all), dt, root); !r) return r;
+    for (std::size_t i = 0; i < outs.size(); ++i)
+      outs[i].view({-1}).copy_(all.narrow(0, static_cast<std::int64_t>(i) * in.numel(), in.numel()));
+    return {};
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs, const c10d::ScatterOptions& opts) {
+  at::Tensor out = single(outputs, "scatter");
+  const int root = root_of(opts.rootRank);
+  const bool at_root = getRank() == root;
+  std::vector<at::Tensor> ins;
+  if (at_root) ins = check_list(inputs, out, getSize(), "scatter");
+  else TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "tbverbs: scatter: only the root passes a scatter_list");
+  const auto dt = dtype_of(out, "scatter");
+  return enqueue(c10d::OpType::SCATTER, "scatter", {out}, [ins, out, dt, root](tbverbs::Communicator& c) {
+    // At the root, the inputs side by side, as the layer takes them.
+    at::Tensor all = at::empty({static_cast<std::int64_t>(ins.size()) * out.numel()}, out.options());
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      all.narrow(0, static_cast<std::int64_t>(i) * out.numel(), out.numel()).copy_(ins[i].view({-1}));
+    return c.scatter(bytes_of(all), bytes_of(out), dt, root);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                  std::vector<std::int64_t>& output_splits,
+                                                                  std::vector<std::int64_t>& input_splits, const c10d::AllToAllOptions&) {
+  check_tensor(input, "all_to_all_single");
+  check_tensor(output, "all_to_all_single");
+  TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(),
+              "tbverbs: all_to_all_single: the input and output must have one type and size");
+  TORCH_CHECK(input.dim() > 0 && input.size(0) % getSize() == 0, "tbverbs: all_to_all_single: the first dimension (",
+              input.dim() > 0 ? input.size(0) : 0, ") must be a multiple of the world size");
+  const std::int64_t rows = input.size(0) / getSize();
+  for (const auto* splits : {&input_splits, &output_splits})
+    for (std::int64_t s : *splits)
+      TORCH_CHECK(s == rows, "tbverbs: all_to_all_single: only equal splits are supported (the layer's all_to_all moves equal blocks)");
+  const auto dt = dtype_of(input, "all_to_all_single");
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output},
+                 [in = input, out = output, dt](tbverbs::Communicator& c) { return c.all_to_all(bytes_of(in), bytes_of(out), dt); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::send(std::vector<at::Tensor>& tensors, int dst, int) {

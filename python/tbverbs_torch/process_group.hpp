@@ -75,10 +75,11 @@ private:
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-/// The "tbverbs" backend: CPU tensors, contiguous, of float32, float64, int32, int64, float16 and
-/// bfloat16; all_reduce (SUM, PRODUCT, MIN, MAX), all_gather (a list, or into one tensor),
-/// reduce_scatter (a list, or from one tensor), broadcast, send/recv (matched per pair in call
-/// order; tags are not used), barrier.
+/// The "tbverbs" backend: CPU tensors, contiguous, of float32, float64, float16, bfloat16, int8,
+/// int32, int64 and uint8 (uint32, uint64 on torch 2.3+); all_reduce (SUM, PRODUCT, MIN, MAX,
+/// AVG), all_gather (a list, or into one tensor), reduce_scatter (a list, or from one tensor),
+/// broadcast, reduce, gather, scatter, all_to_all_single (equal splits), send/recv (matched per
+/// pair in call order; tags are not used), barrier.
 class ProcessGroupTbverbs final : public BackendBase {
 public:
   /// Connects this rank: rendezvous through `store` (rank 0 listens on a free port and publishes
@@ -107,6 +108,15 @@ public:
                                                       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<std::int64_t>& output_splits,
+                                               std::vector<std::int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;

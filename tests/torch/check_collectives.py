@@ -107,6 +107,33 @@ def main():
                 dist.broadcast(t, src=root)
                 expect(f"broadcast from {root} {tag}", t, values(root, count, dtype, salt=20))
 
+            # reduce, gather and scatter to and from the first and the last rank: the others'
+            # tensors are left as they were (reduce) or not touched (gather's, scatter's lists).
+            for root in sorted({0, world - 1}):
+                for op in ["SUM", "MAX"] + (["AVG"] if dtype.is_floating_point else []):
+                    t = values(rank, count, dtype, salt=50)
+                    dist.reduce(t, dst=root, op=getattr(dist.ReduceOp, op))
+                    if op == "AVG":
+                        want = (combined(world, count, torch.float64, "SUM", salt=50) / world).to(dtype)
+                    else:
+                        want = combined(world, count, dtype, op, salt=50)
+                    expect(f"reduce {op} to {root} {tag}", t, want if rank == root else values(rank, count, dtype, salt=50))
+                mine = values(rank, count, dtype, salt=60)
+                outs = [torch.full((count,), -1).to(dtype) for _ in range(world)] if rank == root else None
+                dist.gather(mine, gather_list=outs, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        expect(f"gather [{r}] to {root} {tag}", outs[r], values(r, count, dtype, salt=60))
+                ins = [values(r, count, dtype, salt=70) for r in range(world)] if rank == root else None
+                got = torch.full((count,), -1).to(dtype)
+                dist.scatter(got, scatter_list=ins, src=root)
+                expect(f"scatter from {root} {tag}", got, values(rank, count, dtype, salt=70))
+            # all_to_all_single, equal splits: block q of the output is rank q's block `rank`.
+            send = torch.cat([values(rank * world + q, count, dtype, salt=80) for q in range(world)])
+            recv = torch.full((world * count,), -1).to(dtype)
+            dist.all_to_all_single(recv, send)
+            expect(f"all_to_all_single {tag}", recv, torch.cat([values(q * world + rank, count, dtype, salt=80) for q in range(world)]))
+
             # send/recv round the ring, even ranks sending first (a send may wait for its recv).
             right, left = (rank + 1) % world, (rank - 1) % world
             got = torch.full((count,), -1).to(dtype)
@@ -150,6 +177,9 @@ def main():
     refused("a wrong output size",
             lambda: dist.all_gather_into_tensor(torch.zeros(world * 4 + 1), torch.zeros(4)), "elements")
     refused("a send to this rank", lambda: dist.send(torch.ones(2), rank), "not another rank")
+    refused("all_to_all_single with unequal splits",
+            lambda: dist.all_to_all_single(torch.zeros(2 * world), torch.zeros(2 * world),
+                                           [3] + [2] * (world - 2) + [1], [3] + [2] * (world - 2) + [1]), "equal splits")
     t = values(rank, 5, torch.float32)
     dist.all_reduce(t)
     expect("all_reduce after the refusals", t, combined(world, 5, torch.float32, "SUM"))

@@ -80,12 +80,16 @@ struct RequestQueue {
       batch.push_back(std::move(queue.front()));
       queue.pop_front();
     }
-    auto key = [me = rank](const std::shared_ptr<RequestState>& r) {
-      const int lo = std::min(me, r->arg), hi = std::max(me, r->arg);
-      const int from = r->kind == Collective::send ? me : r->arg;
-      return std::tuple<int, int, int>(lo, hi, from == lo ? 0 : 1);
-    };
-    std::stable_sort(batch.begin(), batch.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+    // (pair, direction, start position): a plain sort on it is stable in the start order.
+    std::vector<std::pair<std::tuple<int, int, int, std::size_t>, std::shared_ptr<RequestState>>> keyed;
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const RequestState& r = *batch[k];
+      const int lo = std::min(rank, r.arg), hi = std::max(rank, r.arg);
+      const int from = r.kind == Collective::send ? rank : r.arg;
+      keyed.emplace_back(std::tuple<int, int, int, std::size_t>(lo, hi, from == lo ? 0 : 1, k), std::move(batch[k]));
+    }
+    std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t k = 0; k < keyed.size(); ++k) batch[k] = std::move(keyed[k].second);
     return batch;
   }
 
