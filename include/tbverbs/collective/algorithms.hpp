@@ -25,9 +25,10 @@
 /// gather area; then each rank combines (or, all_gather, places) all vectors in ring-position
 /// order, so every rank computes bitwise the same result. floor(size/2) hops instead of 2 (size - 1).
 ///
-/// **MeshSchedule** (a fully connected job; all_reduce, all_gather, reduce_scatter): every rank
-/// sends its vector (reduce_scatter: each peer's block of it) straight to every other rank over
-/// their own cable, one hop, and combines what it gathered in rank order.
+/// **MeshSchedule** (a fully connected job; all_reduce, all_gather, reduce_scatter, all_to_all):
+/// every rank sends its vector (reduce_scatter and all_to_all: each peer's block of it) straight to
+/// every other rank over their own cable, one hop, and combines (all_to_all: places) what it
+/// gathered in rank order.
 ///
 /// **ChainSchedule** (broadcast): the root's buffer is cut in two halves that travel the ring in
 /// opposite directions, each rank forwarding each piece as soon as it arrived: size - 1 hops, half
@@ -349,8 +350,8 @@ struct LatencySchedule {
   }
 };
 
-/// The mesh (see the top of this file): all_reduce, all_gather or reduce_scatter on a fully
-/// connected job.
+/// The mesh (see the top of this file): all_reduce, all_gather, reduce_scatter or all_to_all on a
+/// fully connected job.
 struct MeshSchedule {
   /// @cond SCHEDULE_STATE
   const Network& net;
@@ -393,7 +394,7 @@ struct MeshSchedule {
   Place send_place(std::size_t i, std::size_t j) const noexcept {
     const auto [off, len] = piece(j);
     if (len == 0) return {};
-    if (shape.kind == Collective::reduce_scatter) // the peer's block of this rank's input
+    if (shape.kind == Collective::reduce_scatter || shape.kind == Collective::all_to_all) // the peer's block of this rank's input
       return {Place::Buffer::input, static_cast<std::size_t>(peer_of(i)) * bytes + off, len};
     return {Place::Buffer::scratch, slot_of(me, me) + off, len};
   }
@@ -415,8 +416,8 @@ struct MeshSchedule {
   /// Called once before the first message of the call.
   void start() noexcept {
     std::byte* g = net.scratch() + net.layout().gather(0);
-    const std::byte* own = shape.kind == Collective::reduce_scatter ? mem.input.data + static_cast<std::size_t>(me) * bytes
-                                                                    : mem.input.data;
+    const bool blocks = shape.kind == Collective::reduce_scatter || shape.kind == Collective::all_to_all;
+    const std::byte* own = blocks ? mem.input.data + static_cast<std::size_t>(me) * bytes : mem.input.data;
     std::memcpy(g + slot_of(me, me), own, bytes);
   }
   /// False: the user's output is written in finish() only, from every rank's vector.
@@ -426,7 +427,7 @@ struct MeshSchedule {
   /// Called once after the last message of the call arrived (the last reduction or copy).
   void finish() noexcept {
     const std::byte* g = net.scratch() + net.layout().gather(0);
-    if (shape.kind == Collective::all_gather) {
+    if (shape.kind == Collective::all_gather || shape.kind == Collective::all_to_all) { // block q: what rank q sent
       for (int q = 0; q < n; ++q) std::memcpy(mem.output.data + static_cast<std::size_t>(q) * bytes, g + slot_of(q, me), bytes);
       return;
     }

@@ -56,6 +56,9 @@ inline Algorithm choose(const Network& net, Collective kind, std::size_t bytes, 
   const int n = net.size();
   const std::size_t fits = net.layout().vector_bytes;
   const bool mesh = net.fully_connected();
+  // all_to_all (`bytes`: a rank's whole input): on a mesh, each block straight to its rank while
+  // the blocks fit the gather area; else all_gather's choice for the whole input.
+  if (kind == Collective::all_to_all && mesh && bytes / static_cast<std::size_t>(n) <= fits) return Algorithm::mesh;
   switch (schedule_of(kind)) {
   case Collective::all_reduce:
     if (asked == Algorithm::mesh && !mesh) return Algorithm::latency; // 3 ranks or fewer: one hop already

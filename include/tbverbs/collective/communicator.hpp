@@ -419,7 +419,8 @@ private:
                    std::span<std::byte> out, int root_or_peer);
   Result<void> admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                      std::span<std::byte> out, int arg);
-  Result<Lowered> lower(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out, int root);
+  Result<Lowered> lower(collective::Collective kind, collective::Algorithm algo, std::span<const std::byte> in,
+                        std::span<std::byte> out, int root);
   Result<void> shape_of(const Lowered& l, DType t, ReduceOp op, collective::OpShape& shape, collective::OpMemory& mem);
   void finish(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in, std::span<std::byte> out,
               const Lowered& l);

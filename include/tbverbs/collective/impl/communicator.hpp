@@ -534,12 +534,12 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::validate(collective::Collectiv
 }
 
 // The algorithm a call runs: all_reduce, all_gather and reduce_scatter choose by their bytes per
-// rank (all_reduce as the options ask); the others have one each. `kind` is the schedule's (a
-// lowered call's: Communicator::lower).
+// rank (all_reduce as the options ask), the calls that run on their schedules as they do
+// (all_to_all: collective/choice.hpp); the others have one each.
 TBVERBS_COLLECTIVE_DEF collective::Algorithm Communicator::algorithm_of(collective::Collective kind, std::size_t in_bytes,
                                                         std::size_t out_bytes) const {
   using collective::Collective;
-  switch (kind) {
+  switch (collective::schedule_of(kind)) {
   case Collective::all_reduce: return collective::choose(*s_->net, kind, in_bytes, s_->opts.algorithm);
   case Collective::all_gather: return collective::choose(*s_->net, kind, in_bytes, collective::Algorithm::automatic);
   case Collective::reduce_scatter: return collective::choose(*s_->net, kind, out_bytes, collective::Algorithm::automatic);
@@ -600,8 +600,9 @@ TBVERBS_COLLECTIVE_DEF Result<std::byte*> Communicator::own_buffer(std::optional
 // reduce, gather, scatter and all_to_all run on the schedules of all_reduce, all_gather and
 // broadcast: the ranks that keep no result (or all_to_all, every rank) receive into the
 // communicator's own buffer, which finish() reads from. The call's identity stays the caller's.
-TBVERBS_COLLECTIVE_DEF Result<Communicator::Lowered> Communicator::lower(collective::Collective kind, std::span<const std::byte> in,
-                                                                       std::span<std::byte> out, int root) {
+// (all_to_all on a mesh has a schedule of its own: MeshSchedule.)
+TBVERBS_COLLECTIVE_DEF Result<Communicator::Lowered> Communicator::lower(collective::Collective kind, collective::Algorithm algo,
+                                                                       std::span<const std::byte> in, std::span<std::byte> out, int root) {
   using collective::Collective;
   const std::size_t n = static_cast<std::size_t>(size());
   const bool at_root = rank() == root;
@@ -621,6 +622,10 @@ TBVERBS_COLLECTIVE_DEF Result<Communicator::Lowered> Communicator::lower(collect
     return l;
   }
   case Collective::all_to_all: {
+    if (algo == collective::Algorithm::mesh) { // its own schedule: every block straight to its rank
+      l.kind = Collective::all_to_all;
+      return l;
+    }
     auto o = spill(in.size() * n);
     if (!o) return fail(o.error());
     l.out = *o;
@@ -646,7 +651,7 @@ TBVERBS_COLLECTIVE_DEF void Communicator::finish(collective::Collective kind, DT
     const std::byte* mine = l.out.data() + me * out.size();
     if (mine != out.data() && !out.empty()) std::memmove(out.data(), mine, out.size());
   }
-  if (kind == Collective::all_to_all) { // block q of out: rank q's block `me`
+  if (kind == Collective::all_to_all && l.kind == Collective::all_gather) { // block q of out: rank q's block `me`
     const std::size_t b = in.size() / n;
     for (std::size_t q = 0; q < n && b > 0; ++q) std::memcpy(out.data() + q * b, l.out.data() + q * in.size() + me * b, b);
   }
@@ -668,7 +673,8 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::prepare(collective::Collective
     if (stage_all || b.bytes == 0 || k >= 2) return;
     cm.pinned[k++] = s_->cache->find(b.data, b.bytes, may_register, b);
   };
-  const bool scratch_algo = algo == collective::Algorithm::latency || (algo == collective::Algorithm::mesh && kind != Collective::reduce_scatter);
+  const bool reads_input = kind == Collective::reduce_scatter || kind == Collective::all_to_all; // the mesh sends from the input
+  const bool scratch_algo = algo == collective::Algorithm::latency || (algo == collective::Algorithm::mesh && !reads_input);
   if (!scratch_algo && kind != Collective::barrier) {
     if (kind == Collective::broadcast || kind == Collective::recv) lookup(mem.output);
     else if (kind == Collective::send) lookup(mem.input);
@@ -749,7 +755,8 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::shape_of(const Lowered& l, DTy
   switch (l.kind) {
   case Collective::all_reduce: shape.count = l.in.size() / es; shape.in_place = l.in.data() == l.out.data(); break;
   case Collective::all_gather: shape.count = l.out.size() / es; break;
-  case Collective::reduce_scatter: shape.count = l.in.size() / es; break;
+  case Collective::reduce_scatter:
+  case Collective::all_to_all: shape.count = l.in.size() / es; break;
   case Collective::broadcast: shape.count = l.out.size() / es; shape.root = l.arg; break;
   case Collective::send: shape.count = l.in.size() / es; shape.peer = l.arg; break;
   case Collective::recv: shape.count = l.out.size() / es; shape.peer = l.arg; break;
@@ -878,12 +885,14 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
     if (!in.empty() && !out.empty() && in.data() != out.data()) std::memmove(out.data(), in.data(), out.size());
     return {};
   }
-  auto lowered = lower(kind, in, out, arg);
+  const collective::Algorithm algo = algorithm_of(kind, in.size(), out.size());
+  auto lowered = lower(kind, algo, in, out, arg);
   if (!lowered) return fail(lowered.error()); // nothing sent, nothing counted
   const Lowered& l = *lowered;
-  const collective::Algorithm algo = algorithm_of(l.kind, l.in.size(), l.out.size());
   const collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
-  const std::size_t per_rank = l.kind == Collective::reduce_scatter ? l.out.size() : l.in.size();
+  const std::size_t per_rank = l.kind == Collective::reduce_scatter ? l.out.size()
+                               : l.kind == Collective::all_to_all  ? l.in.size() / static_cast<std::size_t>(size()) // a block
+                                                                   : l.in.size();
   if ((algo == collective::Algorithm::latency || algo == collective::Algorithm::mesh) && per_rank > s_->net->layout().vector_bytes)
     return fail(Error::make(Step::collective, ErrorKind::invalid_argument,
                             name + ": the " + std::string(collective::algorithm_name(algo)) + " algorithm takes up to " +
