@@ -14,6 +14,17 @@
 
 namespace check {
 
+/// This rank, for the FAIL lines (set once the options are read).
+inline int rank = -1;
+/// The problems this rank found: the exit status is 0 only without any.
+inline int failures = 0;
+
+/// One problem: a line with FAIL, which the tests' FAIL_REGULAR_EXPRESSION also catches.
+inline void failed(const std::string& what) {
+  ++failures;
+  std::printf("rank %d: FAIL %s\n", rank, what.c_str());
+}
+
 /// Parses the command line, then runs the job (--local) or this rank. `run_rank(only)` returns the
 /// rank's exit status. Exit 2 for an unknown option, a missing value, or --only where
 /// `has_scenarios` is false.

@@ -36,13 +36,7 @@ using tbverbs::Communicator;
 using tbverbs::ErrorKind;
 using clock_type = std::chrono::steady_clock;
 
-int g_rank = -1;
-int g_failures = 0;
-
-void failed(const std::string& what) {
-  ++g_failures;
-  std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-}
+using check::failed;
 
 tbverbs::Result<Communicator> connect() {
   auto opts = tbverbs::CommunicatorOptions::from_env();
@@ -69,7 +63,7 @@ void abort_from_thread() {
   auto comm = connect();
   if (!comm) return failed("abort_from_thread: connect: " + comm.error().message());
   Communicator& c = *comm;
-  g_rank = c.rank();
+  check::rank = c.rank();
   std::thread watchdog;
   const auto t0 = clock_type::now();
   if (c.rank() == 0)
@@ -91,7 +85,7 @@ void abort_from_thread() {
 void closing_rank() {
   auto comm = connect();
   if (!comm) return failed("closing_rank: connect: " + comm.error().message());
-  g_rank = comm->rank();
+  check::rank = comm->rank();
   const int last = comm->size() - 1;
   std::vector<float> v(1000, 1.0f);
   if (auto r = comm->all_reduce(std::span<float>(v)); !r) return failed("closing_rank: the first all_reduce: " + r.error().message());
@@ -116,7 +110,7 @@ void closing_rank() {
 void finished_then_closed() {
   auto comm = connect();
   if (!comm) return failed("finished_then_closed: connect: " + comm.error().message());
-  g_rank = comm->rank();
+  check::rank = comm->rank();
   const int last = comm->size() - 1;
   std::vector<float> v(1000, 1.0f), got(1000, 0.0f);
   if (comm->rank() == last) {
@@ -141,7 +135,7 @@ void threads() {
   auto comm = connect();
   if (!comm) return failed("threads: connect: " + comm.error().message());
   Communicator& c = *comm;
-  g_rank = c.rank();
+  check::rank = c.rank();
   std::atomic<bool> stop{false};
   int registered = 0, other = 0;
   std::thread side([&] { // registrations made and released while the other thread's collectives run
@@ -189,8 +183,8 @@ int run_rank(const std::string& only) {
   if (only.empty() || only == "abort_from_thread") abort_from_thread();
   if (only.empty() || only == "closing_rank") closing_rank();
   if (only.empty() || only == "finished_then_closed") finished_then_closed();
-  if (g_failures == 0) std::printf("rank %d: every failure was reported as it should\n", g_rank);
-  return g_failures == 0 ? 0 : 1;
+  if (check::failures == 0) std::printf("rank %d: every failure was reported as it should\n", check::rank);
+  return check::failures == 0 ? 0 : 1;
 }
 
 } // namespace

@@ -32,13 +32,7 @@ using tbverbs::ErrorKind;
 using tbverbs::ReduceOp;
 using tbverbs::Result;
 
-int g_rank = -1;
-int g_failures = 0;
-
-void failed(const std::string& what) {
-  ++g_failures;
-  std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-}
+using check::failed;
 
 // A buffer of `n` elements with a pattern that no collective of the scenarios produces, and the
 // check that it still holds it.
@@ -236,7 +230,7 @@ Result<Communicator> connect() {
 // The error of a rank that took part: kind, time, both calls in the message.
 void check_error(const Scenario& s, const tbverbs::Error& e, double secs, const char* where) {
   const std::string m = e.message();
-  std::printf("rank %d: %s: %s failed after %.3f s as expected: %s\n", g_rank, s.name.c_str(), where, secs, m.c_str());
+  std::printf("rank %d: %s: %s failed after %.3f s as expected: %s\n", check::rank, s.name.c_str(), where, secs, m.c_str());
   if (e.kind != ErrorKind::call_mismatch) failed(s.name + ": the error is not call_mismatch: " + m);
   if (secs > 10) failed(s.name + ": the mismatch took " + std::to_string(secs) + " s to report");
   if (m.find(s.word_a) == std::string::npos || m.find(s.word_b) == std::string::npos)
@@ -258,7 +252,7 @@ void run_scenario(const Scenario& s) {
   if (n < s.min_ranks) return;
   Result<void> r;
   const auto t1 = std::chrono::steady_clock::now();
-  g_rank = c.rank();
+  check::rank = c.rank();
   const bool part = s.call(c, c.rank(), n, r);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (!part) return; // ranks outside the call leave the communicator as it is
@@ -273,7 +267,7 @@ void run_scenario(const Scenario& s) {
 }
 
 int run_rank(const std::string& only) {
-  g_rank = std::atoi(std::getenv("RANK") != nullptr ? std::getenv("RANK") : "-1");
+  check::rank = std::atoi(std::getenv("RANK") != nullptr ? std::getenv("RANK") : "-1");
   for (const Scenario& s : scenarios())
     if (only.empty() || only == s.name) run_scenario(s);
   // A matched call on a fresh communicator: nothing of the failures stayed behind.
@@ -286,8 +280,8 @@ int run_rank(const std::string& only) {
   if (auto r = comm->all_reduce(std::span<float>(v)); !r) failed("a matched all_reduce: " + r.error().message());
   else if (v[4] != static_cast<float>(comm->size())) failed("a matched all_reduce computed " + std::to_string(v[4]));
   if (auto r = comm->close(); !r) failed("close: " + r.error().message());
-  if (g_failures == 0) std::printf("rank %d: every mismatch was reported\n", g_rank);
-  return g_failures == 0 ? 0 : 1;
+  if (check::failures == 0) std::printf("rank %d: every mismatch was reported\n", check::rank);
+  return check::failures == 0 ? 0 : 1;
 }
 
 } // namespace

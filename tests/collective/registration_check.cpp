@@ -32,14 +32,8 @@ namespace {
 using tbverbs::Communicator;
 using tbverbs::collective::Memory;
 
-int g_rank = -1;
-int g_failures = 0;
+using check::failed;
 constexpr std::size_t elements = (std::size_t{64} << 20) / sizeof(float);
-
-void failed(const std::string& what) {
-  ++g_failures;
-  std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-}
 
 // 64 MiB of anonymous memory, mapped where the previous one was (the address glibc's malloc hands
 // out again after a free of a large block), or anywhere when that is taken.
@@ -96,7 +90,7 @@ void loop(const std::string& mode, Memory memory, bool handles, bool kept_handle
     return;
   }
   Communicator& c = *comm;
-  g_rank = c.rank();
+  check::rank = c.rank();
   std::optional<tbverbs::MemoryRegistration> kept;
   int same_address = 0;
   void* previous = nullptr;
@@ -148,8 +142,8 @@ int run_rank() {
   loop("registered", Memory::registered, false, false);
   loop("staged", Memory::staged, false, false);
   outlive();
-  if (g_failures == 0) std::printf("rank %d: every registration served its own memory\n", g_rank);
-  return g_failures == 0 ? 0 : 1;
+  if (check::failures == 0) std::printf("rank %d: every registration served its own memory\n", check::rank);
+  return check::failures == 0 ? 0 : 1;
 }
 
 } // namespace

@@ -33,13 +33,7 @@ using tbverbs::ReduceOp;
 using tbverbs::Request;
 using tbverbs::Result;
 
-int g_rank = -1;
-int g_failures = 0;
-
-void failed(const std::string& what) {
-  ++g_failures;
-  std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-}
+using check::failed;
 
 bool ok(const Result<void>& r, const std::string& what) {
   if (!r) failed(what + ": " + r.error().message());
@@ -210,11 +204,11 @@ int run_rank() {
     std::printf("options: %s\n", opts.error().message().c_str());
     return 1;
   }
-  g_rank = opts->rank;
+  check::rank = opts->rank;
   opts->timeout = std::chrono::milliseconds(20000);
   auto comm = Communicator::connect(*opts);
   if (!comm) {
-    std::printf("rank %d: connect: %s\n", g_rank, comm.error().message().c_str());
+    std::printf("rank %d: connect: %s\n", check::rank, comm.error().message().c_str());
     return 1;
   }
   Communicator& c = *comm;
@@ -230,12 +224,12 @@ int run_rank() {
   // call and found the mismatch would break a peer still finishing that call: docs/collectives.md).
   auto again = Communicator::connect(*opts);
   if (!again) {
-    std::printf("rank %d: connect again: %s\n", g_rank, again.error().message().c_str());
+    std::printf("rank %d: connect again: %s\n", check::rank, again.error().message().c_str());
     return 1;
   }
   mismatch_fails_every_request(*again);
-  if (g_failures == 0) std::printf("rank %d of %d: every request verified\n", me, n);
-  return g_failures == 0 ? 0 : 1;
+  if (check::failures == 0) std::printf("rank %d of %d: every request verified\n", me, n);
+  return check::failures == 0 ? 0 : 1;
 }
 
 } // namespace
