@@ -93,6 +93,9 @@ struct CallIdentity {
   std::int32_t to = -1;         ///< send/recv: the receiving rank; -1 otherwise.
   std::uint64_t collective_seq = 0; ///< Collectives this rank made before this call.
   std::uint64_t pair_seq = 0;       ///< send/recv: the messages `from` sent to `to` before this one.
+  /// The communicator of the call: 0 for one that connect() made, a split one's own number
+  /// otherwise (Communicator::split; the same on all its members).
+  std::uint32_t communicator = 0;
   std::int32_t rank = -1;       ///< The rank that made the call (not compared).
 
   /// True for send and recv (they involve two ranks; collectives involve every rank).
@@ -102,7 +105,8 @@ struct CallIdentity {
 /// Bytes of a CallIdentity on the wire (one 4 KiB frame).
 inline constexpr std::size_t call_header_bytes = 64;
 
-/// The wire form: "TBCI", version 1, the fields big-endian, a CRC-32 of the first 56 bytes.
+/// The wire form: "TBCI", version 1, the fields big-endian (the communicator at byte 52, zero
+/// before split communicators existed), a CRC-32 of the first 56 bytes.
 inline void encode(const CallIdentity& c, std::span<std::byte, call_header_bytes> out) noexcept {
   std::byte* p = out.data();
   for (std::size_t i = 0; i < call_header_bytes; ++i) p[i] = std::byte{0};
@@ -119,6 +123,7 @@ inline void encode(const CallIdentity& c, std::span<std::byte, call_header_bytes
   detail::put_be<std::uint64_t>(p + 28, c.count);
   detail::put_be<std::uint64_t>(p + 36, c.collective_seq);
   detail::put_be<std::uint64_t>(p + 44, c.pair_seq);
+  detail::put_be<std::uint32_t>(p + 52, c.communicator);
   detail::put_be<std::uint32_t>(p + 56, detail::crc32(std::span<const std::byte>(p, 56)));
 }
 
@@ -147,6 +152,7 @@ inline std::optional<CallIdentity> decode_call(std::span<const std::byte> in) no
   c.count = detail::get_be<std::uint64_t>(p + 28);
   c.collective_seq = detail::get_be<std::uint64_t>(p + 36);
   c.pair_seq = detail::get_be<std::uint64_t>(p + 44);
+  c.communicator = detail::get_be<std::uint32_t>(p + 52);
   return c;
 }
 
@@ -192,10 +198,20 @@ inline std::string position(const CallIdentity& c, bool with_collectives = false
   return s;
 }
 
+/// "the communicator connect() made" for 0, "split communicator 1a2b3c4d" otherwise.
+inline std::string communicator_name(std::uint32_t c) {
+  if (c == 0) return "the communicator connect() made";
+  char hex[9];
+  for (int i = 0; i < 8; ++i) hex[i] = "0123456789abcdef"[(c >> (28 - 4 * i)) & 0xfu];
+  hex[8] = '\0';
+  return std::string("split communicator ") + hex;
+}
+
 /// True when `mine` (made here) and `theirs` (a peer's) are the same call: the same collective, or
-/// a send and its recv.
+/// a send and its recv, on the same communicator.
 inline bool same_call(const CallIdentity& mine, const CallIdentity& theirs) noexcept {
-  const bool shared = mine.type == theirs.type && mine.count == theirs.count && mine.collective_seq == theirs.collective_seq;
+  const bool shared = mine.type == theirs.type && mine.count == theirs.count && mine.collective_seq == theirs.collective_seq &&
+                      mine.communicator == theirs.communicator;
   if (mine.point_to_point() || theirs.point_to_point()) {
     const bool pair = (mine.kind == Collective::send && theirs.kind == Collective::recv) ||
                       (mine.kind == Collective::recv && theirs.kind == Collective::send);
@@ -214,9 +230,12 @@ inline Error mismatch_error(const CallIdentity& mine, const CallIdentity& theirs
   const bool counts = mine.point_to_point() && theirs.point_to_point() && mine.collective_seq != theirs.collective_seq;
   const std::string pm = position(mine, counts), pt = position(theirs, counts);
   const bool same_place = pm == pt || (mine.point_to_point() && theirs.point_to_point() && mine.pair_seq == theirs.pair_seq && !counts);
-  std::string d = "the communicator is broken: rank " + std::to_string(mine.rank) + " called " + describe(mine, algo);
+  auto on = [&](const CallIdentity& c) {
+    return mine.communicator == theirs.communicator ? std::string() : " on " + communicator_name(c.communicator);
+  };
+  std::string d = "the communicator is broken: rank " + std::to_string(mine.rank) + " called " + describe(mine, algo) + on(mine);
   if (!same_place) d += " as its " + pm;
-  d += ", rank " + std::to_string(theirs.rank) + " called " + describe(theirs, algo);
+  d += ", rank " + std::to_string(theirs.rank) + " called " + describe(theirs, algo) + on(theirs);
   d += same_place ? " (" + pm + ")" : " as its " + pt;
   return Error::make(Step::collective, ErrorKind::call_mismatch, d);
 }

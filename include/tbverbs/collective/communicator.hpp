@@ -58,6 +58,8 @@ class RegistrationCache;
 struct RegistrationEntry;
 struct OpShape;
 struct OpMemory;
+struct Subgroup;
+struct Transfer;
 } // namespace collective
 
 class Communicator;
@@ -135,10 +137,24 @@ public:
   /// with invalid_argument.
   Result<void> close();
 
-  /// This rank.
+  /// This rank (of this communicator: a split one counts its members from 0); -1 when empty.
   int rank() const noexcept;
-  /// Ranks in the job.
+  /// Ranks in this communicator (0 for an empty one: moved from, closed, or split with color < 0).
   int size() const noexcept;
+
+  /// A communicator of the ranks that pass the same `color`, ranked by `key`, then by their rank
+  /// here; a rank that passes a negative color gets an empty one (size() == 0). Every rank of this
+  /// communicator calls it (it is a call like the collectives: an all_gather of the colors and
+  /// keys). The new communicator shares this one's links: it creates no queue pair and registers
+  /// nothing, so any number may be alive at once (docs/collectives.md, "Split communicators").
+  /// Its collectives run as transfers between its members over the family's links (where two
+  /// members share no cable, over the side channel), after the members have exchanged their
+  /// calls' identities. A communicator and the ones split from it (a family) are one stream
+  /// between any two ranks: calls that two ranks share, on any member of the family, are made in
+  /// the same order on both (a difference is a call_mismatch, never wrong data). An error in any
+  /// of them breaks the whole family, on every rank; the links go when the last of the family
+  /// is closed. options(), network(), traffic() and side_channel() are the family's.
+  [[nodiscard]] Result<Communicator> split(int color, int key);
 
   // Every collective below comes blocking (`all_reduce`) and non-blocking (`all_reduce_async`,
   // the same parameters, a Request back: see "Requests" at the top of this file), typed and on
@@ -408,6 +424,7 @@ private:
   class Busy;        // the one thread a call may run on
   struct CallMemory; // the buffers and registrations of one call
   struct Lowered;    // a call as a schedule runs it
+  class Within;      // the split communicator's call an error happened in
 
   Result<void> call(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in, std::span<std::byte> out,
                     int arg);
@@ -417,6 +434,16 @@ private:
                            int arg) const;
   Result<void> run(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                    std::span<std::byte> out, int root_or_peer);
+  Result<void> run_held(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                        std::span<std::byte> out, int root_or_peer, std::uint32_t communicator = 0);
+  Result<void> run_split(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                         std::span<std::byte> out, int arg);
+  Result<void> agree(const collective::CallIdentity& id);
+  Result<void> transfer(std::vector<collective::Transfer>& group, DType t);
+  Result<void> reduce_blocks(collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
+                             std::span<std::byte> out, int root);
+  Result<void> move_blocks(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out, DType t, int root);
+  static Communicator view(State& s, std::shared_ptr<collective::Subgroup> group);
   Result<void> admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                      std::span<std::byte> out, int arg);
   Result<Lowered> lower(collective::Collective kind, collective::Algorithm algo, std::span<const std::byte> in,
@@ -443,7 +470,9 @@ private:
 
   Communicator() = default;
   mutable std::mutex guard_; // guards s_ itself (abort() and register_memory against close() and moves)
-  std::unique_ptr<State> s_;
+  std::shared_ptr<State> s_; // the family's (shared with the communicators split from it)
+  std::shared_ptr<collective::Subgroup> sub_; // a split communicator's members; null for connect()'s
+  bool view_ = false; // the progress thread's handle on a family: closing it only lets go
 };
 
 TBVERBS_NAMESPACE_END

@@ -11,6 +11,7 @@
 #include "../communicator.hpp"
 #include "../registration_cache.hpp"
 #include "requests.hpp"
+#include "subgroup.hpp"
 
 #include <atomic>
 #include <cstring>
@@ -18,7 +19,8 @@
 
 TBVERBS_NAMESPACE_BEGIN
 
-/// Everything a connected communicator holds (private to Communicator).
+/// Everything a connected communicator holds (private to Communicator), shared by the
+/// communicators split from it (its family).
 struct Communicator::State {
   CommunicatorOptions opts;                             ///< As connected (message size and window as set up).
   SideChannel sc;                                       ///< Rendezvous, failures, leaving.
@@ -29,14 +31,18 @@ struct Communicator::State {
   std::optional<AlignedBuffer> work;                    ///< reduce_scatter's partial sums (the communicator's own).
   std::optional<AlignedBuffer> small;                   ///< barrier's word.
   std::optional<AlignedBuffer> spill;                   ///< A lowered call's result where the caller keeps none (Communicator::lower).
+  std::optional<AlignedBuffer> identities;              ///< A split communicator's call identities (Communicator::agree).
+  std::optional<AlignedBuffer> blocks;                  ///< A split communicator's received blocks (Communicator::reduce_blocks).
   std::optional<Error> broken;                          ///< The error that broke it, if one did.
   std::atomic<int> busy{0};                             ///< 1 while a call runs (Busy).
   std::uint64_t collectives = 0;                        ///< Collective calls made (the next one's number).
   std::vector<std::uint64_t> sent;                      ///< send calls made, per peer.
   std::vector<std::uint64_t> received;                  ///< recv calls made, per peer.
   std::string where;                                    ///< The set-up step running (Network::create names it), for errors.
-  std::shared_ptr<collective::RequestQueue> progress;       ///< The progress thread (from the first *_async call).
-  Communicator* self = nullptr;                         ///< The Communicator holding this state (the progress thread calls it).
+  std::string within;                                   ///< The split communicator's call running, for errors (Within).
+  std::shared_ptr<collective::RequestQueue> progress;   ///< The progress thread of the family (from the first *_async call).
+  std::atomic<int> holders{1};                          ///< Open communicators of the family; the last close() leaves the job.
+  std::uint64_t splits = 0;                             ///< split calls made on connect()'s communicator.
   ~State() {
     if (progress) progress->shut_down();
     if (cache) cache->close(); // the registrations go before the devices' protection domains
@@ -91,31 +97,43 @@ TBVERBS_COLLECTIVE_DEF void MemoryRegistration::release() noexcept {
   entry_ = nullptr;
 }
 
-// A move waits for the started requests (the progress thread calls the Communicator that holds
-// the state), then points the state at its new holder.
+// A move takes the handle: the progress thread reaches the state through views of its own
+// (Communicator::view), never through the Communicator that made a request.
 TBVERBS_COLLECTIVE_DEF Communicator::Communicator(Communicator&& o) noexcept {
-  if (o.s_ && o.s_->progress) (void)o.s_->progress->drain();
   const std::lock_guard<std::mutex> lock(o.guard_);
   s_ = std::move(o.s_);
-  if (s_) s_->self = this;
+  sub_ = std::move(o.sub_);
+  view_ = o.view_;
 }
 
 TBVERBS_COLLECTIVE_DEF Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
     (void)close();
-    if (o.s_ && o.s_->progress) (void)o.s_->progress->drain();
     const std::scoped_lock lock(guard_, o.guard_);
     s_ = std::move(o.s_);
-    if (s_) s_->self = this;
+    sub_ = std::move(o.sub_);
+    view_ = o.view_;
   }
   return *this;
 }
 
 TBVERBS_COLLECTIVE_DEF Communicator::~Communicator() { (void)close(); }
 
-TBVERBS_COLLECTIVE_DEF int Communicator::rank() const noexcept { return s_ ? s_->opts.rank : -1; }
+TBVERBS_COLLECTIVE_DEF int Communicator::rank() const noexcept { return !s_ ? -1 : sub_ ? sub_->me : s_->opts.rank; }
 
-TBVERBS_COLLECTIVE_DEF int Communicator::size() const noexcept { return s_ ? s_->opts.size : 0; }
+TBVERBS_COLLECTIVE_DEF int Communicator::size() const noexcept {
+  return !s_ ? 0 : sub_ ? static_cast<int>(sub_->members.size()) : s_->opts.size;
+}
+
+// A handle on `s` that owns nothing: closing it lets go of nothing (the progress thread runs a
+// family's requests through these).
+TBVERBS_COLLECTIVE_DEF Communicator Communicator::view(State& s, std::shared_ptr<collective::Subgroup> group) {
+  Communicator c;
+  c.s_ = std::shared_ptr<State>(std::shared_ptr<State>(), &s);
+  c.sub_ = std::move(group);
+  c.view_ = true;
+  return c;
+}
 
 TBVERBS_COLLECTIVE_DEF Result<MemoryRegistration> Communicator::register_memory(std::span<const std::byte> memory) {
   std::shared_ptr<collective::RegistrationCache> cache;
@@ -141,10 +159,11 @@ TBVERBS_COLLECTIVE_DEF std::size_t Communicator::forget_memory(const void* data,
 }
 
 TBVERBS_COLLECTIVE_DEF collective::Algorithm Communicator::algorithm_for(collective::Collective kind, std::size_t bytes) const noexcept {
-  return s_ && s_->net ? collective::choose(*s_->net, kind, bytes, s_->opts.algorithm) : collective::Algorithm::ring;
+  return s_ && s_->net && !sub_ ? collective::choose(*s_->net, kind, bytes, s_->opts.algorithm) : collective::Algorithm::ring;
 }
 
 TBVERBS_COLLECTIVE_DEF std::string Communicator::algorithm_rule() const {
+  if (sub_) return "a split communicator: transfers between its members (docs/collectives.md, \"Split communicators\")";
   return s_ && s_->net ? collective::algorithm_rule(*s_->net, s_->opts.algorithm) : std::string("one rank: local copies");
 }
 
@@ -294,10 +313,25 @@ TBVERBS_COLLECTIVE_DEF void Communicator::abort(const Error& cause) noexcept {
 
 TBVERBS_COLLECTIVE_DEF Result<void> Communicator::close() {
   State* s = nullptr;
+  bool last = true;
   {
     const std::lock_guard<std::mutex> lock(guard_);
     if (!s_) return {};
     s = s_.get();
+    if (view_) {
+      s_.reset();
+      return {};
+    }
+    last = s->holders.fetch_sub(1) == 1;
+  }
+  if (!last) { // the family stays: this one's requests run first (as do the others')
+    if (s->progress && !s->progress->drain())
+      abort(Error::make(Step::collective, ErrorKind::timeout,
+                        "rank " + std::to_string(s->opts.rank) + " closed a split communicator while its requests made no progress"));
+    const std::lock_guard<std::mutex> lock(guard_);
+    s_.reset();
+    sub_.reset();
+    return {};
   }
   if (s->progress) { // the started requests run first (bounded); then the thread ends
     if (!s->progress->drain())
@@ -325,10 +359,11 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::close() {
       if (!r) r = fail(detail::in_context(r.error(), "rank " + std::to_string(s->opts.rank) + ", close (waiting for every rank to finish)"));
     }
   }
-  std::unique_ptr<State> gone;
+  std::shared_ptr<State> gone;
   {
     const std::lock_guard<std::mutex> lock(guard_);
     gone = std::move(s_);
+    sub_.reset();
   }
   return r; // the state goes here: registrations, links, devices, then the side channel
 }
@@ -346,7 +381,7 @@ TBVERBS_COLLECTIVE_DEF Error Communicator::broke(Error e, const std::string& wha
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   e = detail::as_claimed(std::move(e), s_->sc);
-  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + what;
+  std::string context = "rank " + std::to_string(s_->opts.rank) + ", " + (s_->within.empty() ? "" : s_->within + ": ") + what;
   if (!s_->where.empty()) context += ", " + s_->where;
   e = detail::in_context(std::move(e), context);
   s_->broken = e;
@@ -429,7 +464,7 @@ TBVERBS_COLLECTIVE_DEF Result<Communicator> Communicator::connect(const Communic
   if (o.window < 1) return invalid("window must be at least 1");
   if (o.timeout.count() <= 0) return invalid("timeout must be positive");
   Communicator c;
-  c.s_ = std::make_unique<State>();
+  c.s_ = std::make_shared<State>();
   State& s = *c.s_;
   s.opts = o;
   s.sent.assign(static_cast<std::size_t>(o.size), 0);
@@ -588,7 +623,7 @@ TBVERBS_COLLECTIVE_DEF collective::CallIdentity Communicator::identify(collectiv
 // a larger one replaces it (the old registration forgotten first).
 TBVERBS_COLLECTIVE_DEF Result<std::byte*> Communicator::own_buffer(std::optional<AlignedBuffer>& b, std::size_t bytes) {
   if (!b || b->size() < bytes) {
-    if (b) s_->cache->forget(b->data(), b->size());
+    if (b && s_->cache) s_->cache->forget(b->data(), b->size());
     b.reset();
     auto fresh = AlignedBuffer::allocate(std::max<std::size_t>(bytes, 1));
     if (!fresh) return fail(fresh.error());
@@ -855,10 +890,10 @@ TBVERBS_COLLECTIVE_DEF Result<Request> Communicator::call_async(collective::Coll
   if (!s_->progress) {
     auto p = std::make_shared<collective::RequestQueue>();
     p->timeout = s_->opts.timeout;
-    p->rank = rank();
     State* st = s_.get();
-    p->execute = [st](collective::RequestState& r) { return st->self->run(r.kind, r.type, r.op, r.in, r.out, r.arg); };
-    p->abort = [st](const Error& e) { st->self->abort(e); };
+    p->rank = st->opts.rank;
+    p->execute = [st](collective::RequestState& r) { return view(*st, r.group).run(r.kind, r.type, r.op, r.in, r.out, r.arg); };
+    p->abort = [st](const Error& e) { view(*st, nullptr).abort(e); };
     p->thread = std::thread([raw = p.get()] { raw->loop(); });
     s_->progress = std::move(p);
   }
@@ -869,6 +904,8 @@ TBVERBS_COLLECTIVE_DEF Result<Request> Communicator::call_async(collective::Coll
   r->in = in;
   r->out = out;
   r->arg = arg;
+  r->peer = sub_ && r->point_to_point() ? sub_->members[static_cast<std::size_t>(arg)] : arg;
+  r->group = sub_;
   r->progress = s_->progress;
   s_->progress->enqueue(r);
   return Request(std::move(r));
@@ -881,6 +918,17 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
   if (!s_) return fail(Error::make(Step::collective, ErrorKind::invalid_argument, name + " on a moved-from or closed communicator"));
   Busy busy(*s_);
   if (auto a = admit(busy, kind, t, op, in, out, arg); !a) return a;
+  if (sub_) return run_split(kind, t, op, in, out, arg);
+  return run_held(kind, t, op, in, out, arg);
+}
+
+// The call on connect()'s communicator, this thread holding it (Busy), the arguments admitted;
+// `communicator` names the split communicator a send or recv is a transfer of.
+TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run_held(collective::Collective kind, DType t, ReduceOp op,
+                                                         std::span<const std::byte> in, std::span<std::byte> out, int arg,
+                                                         std::uint32_t communicator) {
+  using collective::Collective;
+  const std::string name(collective::collective_name(kind));
   if (!s_->net) { // one rank: local copies
     if (!in.empty() && !out.empty() && in.data() != out.data()) std::memmove(out.data(), in.data(), out.size());
     return {};
@@ -889,7 +937,8 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
   auto lowered = lower(kind, algo, in, out, arg);
   if (!lowered) return fail(lowered.error()); // nothing sent, nothing counted
   const Lowered& l = *lowered;
-  const collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
+  collective::CallIdentity id = identify(kind, t, op, in.size(), out.size(), arg, algo);
+  id.communicator = communicator;
   const std::size_t per_rank = l.kind == Collective::reduce_scatter ? l.out.size()
                                : l.kind == Collective::all_to_all  ? l.in.size() / static_cast<std::size_t>(size()) // a block
                                                                    : l.in.size();
@@ -921,3 +970,5 @@ TBVERBS_COLLECTIVE_DEF Result<void> Communicator::run(collective::Collective kin
 }
 
 TBVERBS_NAMESPACE_END
+
+#include "split.hpp"

@@ -23,6 +23,24 @@ TBVERBS_NAMESPACE_BEGIN
 namespace collective {
 
 struct RequestQueue;
+struct Subgroup;
+
+/// `items` (sends and receives of one rank, `me`) in the order every rank derives alike: by pair of
+/// ranks, and within a pair the lower rank's sends first, each direction in the order given (the
+/// sort is stable). Run one after the other, such groups never make two ranks wait on each other:
+/// the first unfinished pair of the whole job is the next item of both its ranks.
+/// `peer(item)` is the other rank, `sends(item)` true for a send.
+template <class T, class Peer, class Sends> void order_pairwise(std::vector<T>& items, int me, Peer peer, Sends sends) {
+  std::vector<std::pair<std::tuple<int, int, int, std::size_t>, T>> keyed;
+  keyed.reserve(items.size());
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const int p = peer(items[k]), lo = std::min(me, p), hi = std::max(me, p);
+    const int from = sends(items[k]) ? me : p;
+    keyed.emplace_back(std::tuple<int, int, int, std::size_t>(lo, hi, from == lo ? 0 : 1, k), std::move(items[k]));
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (std::size_t k = 0; k < keyed.size(); ++k) items[k] = std::move(keyed[k].second);
+}
 
 /// One started collective: its arguments as the blocking call takes them, and, once it ran, its
 /// result (`done` and `result` are guarded by the RequestQueue's mutex).
@@ -32,7 +50,9 @@ struct RequestState {
   ReduceOp op = ReduceOp::sum;                ///< Its reduction.
   std::span<const std::byte> in;              ///< Its input.
   std::span<std::byte> out;                   ///< Its output.
-  int arg = 0;                                ///< Root or peer.
+  int arg = 0;                                ///< Root or peer (in its communicator's ranks).
+  int peer = 0;                               ///< send/recv: the peer's rank in the family (the group order).
+  std::shared_ptr<Subgroup> group;            ///< A split communicator's call: its members; null otherwise.
   bool released = false;                      ///< May run (send/recv: once a group was closed).
   bool done = false;                          ///< Ran; `result` holds how.
   Result<void> result;                        ///< The call's result.
@@ -42,7 +62,7 @@ struct RequestState {
   bool point_to_point() const noexcept { return kind == Collective::send || kind == Collective::recv; }
 };
 
-/// The progress thread of one communicator and its queue of started requests (collective/request.hpp, "Who
+/// The progress thread of one family of communicators (one and those split from it) and its queue of started requests (collective/request.hpp, "Who
 /// progresses it"). Everything but `thread` is guarded by `mu`.
 struct RequestQueue {
   std::mutex mu;                                    ///< Guards the rest.
@@ -53,7 +73,7 @@ struct RequestQueue {
   bool stop = false;                                ///< The thread ends once the queue is empty.
   std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now(); ///< A batch started or a request completed.
   std::chrono::milliseconds timeout{30000};          ///< The communicator's timeout.
-  int rank = 0;                                      ///< This rank (the group order).
+  int rank = 0;                                      ///< This rank in the family (the group order).
   std::function<Result<void>(RequestState&)> execute; ///< Runs one request (the communicator's blocking path).
   std::function<void(const Error&)> abort;            ///< Breaks the communicator (a request that can wait no more).
   std::thread thread;                                ///< Runs loop().
@@ -66,9 +86,7 @@ struct RequestQueue {
   bool idle() const noexcept { return queue.empty() && !running; }
 
   /// The next batch to run (under `mu`, the queue's front released): one collective, or the run
-  /// of released sends and recvs at the front, ordered by pair of ranks and, within a pair, the
-  /// lower rank's sends first: every rank derives the same order, so no two ranks wait on each
-  /// other (each direction keeps its start order: the sort is stable).
+  /// of released sends and recvs at the front, in order_pairwise's order.
   std::vector<std::shared_ptr<RequestState>> take_batch() {
     std::vector<std::shared_ptr<RequestState>> batch;
     if (!queue.front()->point_to_point()) {
@@ -80,16 +98,7 @@ struct RequestQueue {
       batch.push_back(std::move(queue.front()));
       queue.pop_front();
     }
-    // (pair, direction, start position): a plain sort on it is stable in the start order.
-    std::vector<std::pair<std::tuple<int, int, int, std::size_t>, std::shared_ptr<RequestState>>> keyed;
-    for (std::size_t k = 0; k < batch.size(); ++k) {
-      const RequestState& r = *batch[k];
-      const int lo = std::min(rank, r.arg), hi = std::max(rank, r.arg);
-      const int from = r.kind == Collective::send ? rank : r.arg;
-      keyed.emplace_back(std::tuple<int, int, int, std::size_t>(lo, hi, from == lo ? 0 : 1, k), std::move(batch[k]));
-    }
-    std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (std::size_t k = 0; k < keyed.size(); ++k) batch[k] = std::move(keyed[k].second);
+    order_pairwise(batch, rank, [](const auto& r) { return r->peer; }, [](const auto& r) { return r->kind == Collective::send; });
     return batch;
   }
 
