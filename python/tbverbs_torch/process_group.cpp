@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <algorithm>
+#include <cstring>
 
 namespace tbverbs_torch {
 namespace {
@@ -25,7 +27,8 @@ tbverbs::DType dtype_of(const at::Tensor& t, const char* what) {
   case at::kHalf: return tbverbs::DType::f16;
   case at::kBFloat16: return tbverbs::DType::bf16;
   case at::kChar: return tbverbs::DType::i8;
-  case at::kByte: return tbverbs::DType::u8;
+  case at::kByte:
+  case at::kBool: return tbverbs::DType::u8; // one byte, 0 or 1 (reduce_op() keeps it so)
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3) // torch.uint32/uint64 came in 2.3
   case at::kUInt32: return tbverbs::DType::u32;
   case at::kUInt64: return tbverbs::DType::u64;
@@ -78,7 +81,16 @@ const std::vector<at::Tensor>& check_list(const std::vector<std::vector<at::Tens
   return lists[0];
 }
 
-tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* what) {
+// `op` as the layer takes it for tensors of `t`: on bool, SUM is any (max) and PRODUCT all (min),
+// so that every result stays 0 or 1 (as torch's NCCL backend does); AVG of bool is refused.
+tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
+  if (t.scalar_type() == at::kBool) switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::MAX: return tbverbs::ReduceOp::max;
+    case c10d::ReduceOp::PRODUCT:
+    case c10d::ReduceOp::MIN: return tbverbs::ReduceOp::min;
+    default: TORCH_CHECK(false, "tbverbs: ", what, ": bool tensors take SUM, PRODUCT, MIN and MAX");
+    }
   switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
   case c10d::ReduceOp::SUM: return tbverbs::ReduceOp::sum;
   case c10d::ReduceOp::PRODUCT: return tbverbs::ReduceOp::prod;
@@ -107,8 +119,27 @@ std::string to_string(const std::vector<std::uint8_t>& v) { return std::string(v
 
 } // namespace
 
+// The default group's Core, for the subgroups torch makes after it (new_group).
+std::weak_ptr<Core>& world_core() {
+  static std::weak_ptr<Core> world;
+  return world;
+}
+
 c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                            int size, std::chrono::milliseconds timeout) {
+                                                            int size, std::chrono::milliseconds timeout,
+                                                            const std::vector<int>& global_ranks) {
+  if (!global_ranks.empty())
+    if (auto world = world_core().lock()) { // a subgroup of the default group's communicator: its links
+      tbverbs::Result<tbverbs::Communicator> sub = [&] {
+        auto lock = world->lock();
+        return world->comm().subgroup(global_ranks);
+      }();
+      if (!sub) throw_error(sub.error());
+      TORCH_CHECK(sub->rank() == rank && sub->size() == size, "tbverbs: the subgroup's rank ", sub->rank(), " of ", sub->size(),
+                  " is not torch's ", rank, " of ", size);
+      const auto t = std::getenv("TBVERBS_TIMEOUT_MS") == nullptr && timeout.count() > 0 ? timeout : sub->options().timeout;
+      return c10::make_intrusive<ProcessGroupTbverbs>(std::move(*sub), t);
+    }
   auto opts = tbverbs::CommunicatorOptions::from_env(rank, size);
   if (!opts) throw_error(opts.error());
   if (std::getenv("TBVERBS_TIMEOUT_MS") == nullptr && timeout.count() > 0) opts->timeout = timeout;
@@ -156,101 +187,223 @@ c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive
   }
   auto comm = tbverbs::Communicator::connect(*opts);
   if (!comm) throw_error(comm.error());
-  return c10::make_intrusive<ProcessGroupTbverbs>(std::move(*comm), opts->timeout);
+  auto pg = c10::make_intrusive<ProcessGroupTbverbs>(std::move(*comm), opts->timeout);
+  if (global_ranks.empty()) world_core() = pg->core_; // the default group: later groups are its subgroups
+  return pg;
 }
 
-ProcessGroupTbverbs::ProcessGroupTbverbs(tbverbs::Communicator comm, std::chrono::milliseconds timeout)
-    : BackendBase(comm.rank(), comm.size()), comm_(std::move(comm)), timeout_(timeout) {
-  worker_ = std::thread([this] { worker_loop(); });
+Core::Core(tbverbs::Communicator comm, std::chrono::milliseconds timeout) : comm_(std::move(comm)), timeout_(timeout) {
+  completer_ = std::thread([this] { completer_loop(); });
 }
 
-ProcessGroupTbverbs::~ProcessGroupTbverbs() {
+void Core::start(Work& w) {
+  for (const Work::Call& c : w.calls_) {
+    auto r = comm_.start(c.kind, c.in, c.out, c.type, c.op, c.arg);
+    if (!r) throw_error(r.error()); // a wrong argument: refused before anything was sent
+    w.requests_.push_back(std::move(*r));
+  }
+}
+
+void Core::submit(const c10::intrusive_ptr<Work>& w, bool point_to_point) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "tbverbs: ", w->what_, " on a process group being destroyed");
+    if (point_to_point) {
+      held_.push_back(w);
+      return;
+    }
+    for (auto& h : held_) { // the layer runs the sends and recvs started before a collective first
+      start(*h);
+      running_.push_back(std::move(h));
+    }
+    held_.clear();
+    start(*w);
+    running_.push_back(w);
+  }
+  cv_.notify_all();
+}
+
+void Core::flush() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (held_.empty()) return;
+    for (auto& h : held_) {
+      try {
+        start(*h);
+      } catch (...) { // refused: that Work fails, the others start
+        h->complete(std::current_exception());
+        continue;
+      }
+      running_.push_back(std::move(h));
+    }
+    held_.clear();
+  }
+  cv_.notify_all();
+}
+
+void Core::abort(const std::string& why) {
+  comm_.abort(tbverbs::Error::make(tbverbs::Step::collective, tbverbs::ErrorKind::timeout, why));
+}
+
+// Completes the started Works in start order (the order the layer completes them in): waits on
+// each request (bounded by the communicator's timeout; past it the communicator is aborted, which
+// ends the request), copies out, completes the Work and its future.
+void Core::completer_loop() {
+  for (;;) {
+    c10::intrusive_ptr<Work> w;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !running_.empty(); });
+      if (running_.empty()) return;
+      w = running_.front();
+    }
+    std::exception_ptr error;
+    for (auto& r : w->requests_) {
+      auto done = r.wait();
+      if (!done && done.error().is(tbverbs::ErrorKind::timeout)) {
+        abort(std::string("tbverbs: ") + w->what_ + " made no progress within the timeout");
+        done = r.wait();
+      }
+      if (!done && !error) try {
+          throw_error(done.error());
+        } catch (...) {
+          error = std::current_exception();
+        }
+    }
+    if (!error && w->finish_) {
+      try {
+        w->finish_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    w->requests_.clear();
+    w->keep_.clear();
+    w->complete(error);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_.pop_front();
+    }
+    cv_.notify_all();
+  }
+}
+
+void Core::shut_down() {
+  flush();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join(); // runs what is queued first: every Work completes
+  if (completer_.joinable()) completer_.join(); // every started Work completes first
+  auto lock = this->lock();
   (void)comm_.close();
 }
 
-void ProcessGroupTbverbs::worker_loop() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task();
-  }
+bool Work::isCompleted() {
+  if (!c10d::Work::isCompleted()) core_->flush();
+  return c10d::Work::isCompleted();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::enqueue(c10d::OpType type, const char* what,
-                                                            std::vector<at::Tensor> outputs,
-                                                            std::function<tbverbs::Result<void>(tbverbs::Communicator&)> run) {
-  auto work = c10::make_intrusive<Work>(getRank(), type, what, std::move(outputs), timeout_);
-  auto task = [this, work, run = std::move(run)] {
-    std::exception_ptr error;
-    try {
-      if (auto r = run(comm_); !r) throw_error(r.error());
-    } catch (...) {
-      error = std::current_exception();
-    }
-    work->complete(error);
-  };
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(task));
+bool Work::wait(std::chrono::milliseconds timeout) {
+  const auto limit = timeout == no_timeout ? timeout_ : timeout;
+  core_->flush();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+    lock.unlock();
+    const std::string why = std::string("tbverbs: ") + what_ + " did not complete within " + std::to_string(limit.count()) +
+                            " ms (" + (timeout == no_timeout ? "the process group's timeout" : "the timeout given to wait()") +
+                            "); the communicator is aborted: every rank's calls on it fail";
+    core_->abort(why);
+    TORCH_CHECK(false, why);
   }
-  cv_.notify_one();
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+ProcessGroupTbverbs::ProcessGroupTbverbs(tbverbs::Communicator comm, std::chrono::milliseconds timeout)
+    : BackendBase(comm.rank(), comm.size()), core_(std::make_shared<Core>(std::move(comm), timeout)), timeout_(timeout) {}
+
+ProcessGroupTbverbs::~ProcessGroupTbverbs() { core_->shut_down(); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::submit(c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
+                                                           std::vector<Work::Call> calls, std::vector<at::Tensor> keep,
+                                                           std::function<void()> finish) {
+  auto work = c10::make_intrusive<Work>(core_, getRank(), type, what, std::move(outputs), timeout_);
+  const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
+  work->calls_ = std::move(calls);
+  work->keep_ = std::move(keep);
+  work->finish_ = std::move(finish);
+  core_->submit(work, p2p);
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allreduce(std::vector<at::Tensor>& tensors,
-                                                              const c10d::AllreduceOptions& opts) {
-  at::Tensor t = single(tensors, "all_reduce");
-  const auto op = reduce_op(opts.reduceOp, "all_reduce");
-  const auto dt = dtype_of(t, "all_reduce");
-  return enqueue(c10d::OpType::ALLREDUCE, "all_reduce", tensors, [t, op, dt](tbverbs::Communicator& c) {
-    return c.all_reduce(bytes_of(t), bytes_of(t), dt, op);
-  });
+namespace {
+using tbverbs::collective::Collective;
+
+Work::Call make_call(Collective kind, std::span<const std::byte> in, std::span<std::byte> out, tbverbs::DType t,
+                     tbverbs::ReduceOp op = tbverbs::ReduceOp::sum, int arg = 0) {
+  return Work::Call{kind, in, out, t, op, arg};
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                    const c10d::AllgatherOptions&) {
+// The tensors of a list side by side in one new tensor (the layer takes contiguous blocks).
+at::Tensor side_by_side(const std::vector<at::Tensor>& list, const at::Tensor& like) {
+  at::Tensor all = at::empty({static_cast<std::int64_t>(list.size()) * like.numel()}, like.options());
+  for (std::size_t i = 0; i < list.size(); ++i) all.narrow(0, static_cast<std::int64_t>(i) * like.numel(), like.numel()).copy_(list[i].view({-1}));
+  return all;
+}
+
+// Block i of `all` into list[i].
+std::function<void()> copy_out(std::vector<at::Tensor> list, at::Tensor all) {
+  return [list = std::move(list), all = std::move(all)] {
+    const std::int64_t n = list.empty() ? 0 : list[0].numel();
+    for (std::size_t i = 0; i < list.size(); ++i) list[i].view({-1}).copy_(all.narrow(0, static_cast<std::int64_t>(i) * n, n));
+  };
+}
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  at::Tensor t = single(tensors, "all_reduce");
+  const auto op = reduce_op(opts.reduceOp, t, "all_reduce");
+  return submit(c10d::OpType::ALLREDUCE, "all_reduce", tensors,
+                {make_call(Collective::all_reduce, bytes_of(t), bytes_of(t), dtype_of(t, "all_reduce"), op)}, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                        const c10d::AllreduceCoalescedOptions& opts) {
+  std::vector<Work::Call> calls;
+  for (const at::Tensor& t : tensors) {
+    check_tensor(t, "all_reduce_coalesced");
+    const auto op = reduce_op(opts.reduceOp, t, "all_reduce_coalesced");
+    calls.push_back(make_call(Collective::all_reduce, bytes_of(t), bytes_of(t), dtype_of(t, "all_reduce_coalesced"), op));
+  }
+  return submit(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors, std::move(calls), tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
   check_blocks(output, input, getSize(), "all_gather_into_tensor", "output");
-  const auto dt = dtype_of(input, "all_gather_into_tensor");
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
-                 [in = input, out = output, dt](tbverbs::Communicator& c) { return c.all_gather(bytes_of(in), bytes_of(out), dt); });
+  return submit(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
+                {make_call(Collective::all_gather, bytes_of(input), bytes_of(output), dtype_of(input, "all_gather_into_tensor"))},
+                {input, output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                               std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
   at::Tensor in = single(inputs, "all_gather");
   std::vector<at::Tensor> outs = check_list(outputs, in, getSize(), "all_gather");
-  const auto dt = dtype_of(in, "all_gather");
-  return enqueue(c10d::OpType::ALLGATHER, "all_gather", outs, [in, outs, dt](tbverbs::Communicator& c) -> tbverbs::Result<void> {
-    // Gathered into one block, then copied out: the layer gathers into contiguous memory.
-    at::Tensor all = at::empty({static_cast<std::int64_t>(outs.size()) * in.numel()}, in.options());
-    if (auto r = c.all_gather(bytes_of(in), bytes_of(all), dt); !r) return r;
-    for (std::size_t i = 0; i < outs.size(); ++i)
-      outs[i].view({-1}).copy_(all.narrow(0, static_cast<std::int64_t>(i) * in.numel(), in.numel()));
-    return {};
-  });
+  at::Tensor all = at::empty({static_cast<std::int64_t>(outs.size()) * in.numel()}, in.options()); // gathered here, then copied out
+  return submit(c10d::OpType::ALLGATHER, "all_gather", outs,
+                {make_call(Collective::all_gather, bytes_of(in), bytes_of(all), dtype_of(in, "all_gather"))}, {in, all},
+                copy_out(outs, all));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                          const c10d::ReduceScatterOptions& opts) {
   check_blocks(input, output, getSize(), "reduce_scatter_tensor", "input");
-  const auto op = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
-  const auto dt = dtype_of(input, "reduce_scatter_tensor");
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
-                 [in = input, out = output, dt, op](tbverbs::Communicator& c) {
-                   return c.reduce_scatter(bytes_of(in), bytes_of(out), dt, op);
-                 });
+  const auto op = reduce_op(opts.reduceOp, input, "reduce_scatter_tensor");
+  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
+                {make_call(Collective::reduce_scatter, bytes_of(input), bytes_of(output), dtype_of(input, "reduce_scatter_tensor"), op)},
+                {input, output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -258,34 +411,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce_scatter(std::vector<a
                                                                    const c10d::ReduceScatterOptions& opts) {
   at::Tensor out = single(outputs, "reduce_scatter");
   std::vector<at::Tensor> ins = check_list(inputs, out, getSize(), "reduce_scatter");
-  const auto op = reduce_op(opts.reduceOp, "reduce_scatter");
-  const auto dt = dtype_of(out, "reduce_scatter");
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [ins, out, dt, op](tbverbs::Communicator& c) {
-    // The inputs side by side, as the layer takes them.
-    at::Tensor all = at::empty({static_cast<std::int64_t>(ins.size()) * out.numel()}, out.options());
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      all.narrow(0, static_cast<std::int64_t>(i) * out.numel(), out.numel()).copy_(ins[i].view({-1}));
-    return c.reduce_scatter(bytes_of(all), bytes_of(out), dt, op);
-  });
+  const auto op = reduce_op(opts.reduceOp, out, "reduce_scatter");
+  at::Tensor all = side_by_side(ins, out); // copied in now: the inputs may change once this returns
+  return submit(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out},
+                {make_call(Collective::reduce_scatter, bytes_of(all), bytes_of(out), dtype_of(out, "reduce_scatter"), op)}, {all, out});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Tensor>& tensors,
-                                                              const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
   const int root = root_of(opts.rootRank); // the layer refuses a root outside the group (invalid_argument, nothing sent)
-  const auto dt = dtype_of(t, "broadcast");
-  return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors,
-                 [t, root, dt](tbverbs::Communicator& c) { return c.broadcast(bytes_of(t), dt, root); });
+  return submit(c10d::OpType::BROADCAST, "broadcast", tensors,
+                {make_call(Collective::broadcast, bytes_of(t), bytes_of(t), dtype_of(t, "broadcast"), tbverbs::ReduceOp::sum, root)}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   at::Tensor t = single(tensors, "reduce");
-  const auto op = reduce_op(opts.reduceOp, "reduce");
-  const auto dt = dtype_of(t, "reduce");
-  const int root = root_of(opts.rootRank);
+  const auto op = reduce_op(opts.reduceOp, t, "reduce");
   // In place at the root; the other ranks' tensors are left as they were.
-  return enqueue(c10d::OpType::REDUCE, "reduce", tensors,
-                 [t, op, dt, root](tbverbs::Communicator& c) { return c.reduce(bytes_of(t), bytes_of(t), dt, op, root); });
+  return submit(c10d::OpType::REDUCE, "reduce", tensors,
+                {make_call(Collective::reduce, bytes_of(t), bytes_of(t), dtype_of(t, "reduce"), op, root_of(opts.rootRank))}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -296,15 +440,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::gather(std::vector<std::vect
   std::vector<at::Tensor> outs;
   if (at_root) outs = check_list(outputs, in, getSize(), "gather");
   else TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "tbverbs: gather: only the root passes a gather_list");
-  const auto dt = dtype_of(in, "gather");
-  return enqueue(c10d::OpType::GATHER, "gather", outs, [in, outs, dt, root, at_root](tbverbs::Communicator& c) -> tbverbs::Result<void> {
-    // At the root, gathered into one block, then copied out (the layer gathers into contiguous memory).
-    at::Tensor all = at::empty({at_root ? static_cast<std::int64_t>(outs.size()) * in.numel() : 0}, in.options());
-    if (auto r = c.gather(bytes_of(in), bytes_of(all), dt, root); !r) return r;
-    for (std::size_t i = 0; i < outs.size(); ++i)
-      outs[i].view({-1}).copy_(all.narrow(0, static_cast<std::int64_t>(i) * in.numel(), in.numel()));
-    return {};
-  });
+  at::Tensor all = at::empty({at_root ? static_cast<std::int64_t>(outs.size()) * in.numel() : 0}, in.options());
+  return submit(c10d::OpType::GATHER, "gather", outs,
+                {make_call(Collective::gather, bytes_of(in), bytes_of(all), dtype_of(in, "gather"), tbverbs::ReduceOp::sum, root)},
+                {in, all}, copy_out(outs, all));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::scatter(std::vector<at::Tensor>& outputs,
@@ -315,52 +454,112 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::scatter(std::vector<at::Tens
   std::vector<at::Tensor> ins;
   if (at_root) ins = check_list(inputs, out, getSize(), "scatter");
   else TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "tbverbs: scatter: only the root passes a scatter_list");
-  const auto dt = dtype_of(out, "scatter");
-  return enqueue(c10d::OpType::SCATTER, "scatter", {out}, [ins, out, dt, root](tbverbs::Communicator& c) {
-    // At the root, the inputs side by side, as the layer takes them.
-    at::Tensor all = at::empty({static_cast<std::int64_t>(ins.size()) * out.numel()}, out.options());
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      all.narrow(0, static_cast<std::int64_t>(i) * out.numel(), out.numel()).copy_(ins[i].view({-1}));
-    return c.scatter(bytes_of(all), bytes_of(out), dt, root);
-  });
+  at::Tensor all = side_by_side(ins, out);
+  return submit(c10d::OpType::SCATTER, "scatter", {out},
+                {make_call(Collective::scatter, bytes_of(all), bytes_of(out), dtype_of(out, "scatter"), tbverbs::ReduceOp::sum, root)},
+                {all, out});
 }
 
+// Equal splits: the layer's all_to_all. Uneven ones: a send and a recv per peer (started as one
+// group, which the layer orders so that no two ranks wait on each other) and a copy of this
+// rank's own rows.
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                   std::vector<std::int64_t>& output_splits,
                                                                   std::vector<std::int64_t>& input_splits, const c10d::AllToAllOptions&) {
   check_tensor(input, "all_to_all_single");
   check_tensor(output, "all_to_all_single");
-  TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(),
-              "tbverbs: all_to_all_single: the input and output must have one type and size");
-  TORCH_CHECK(input.dim() > 0 && input.size(0) % getSize() == 0, "tbverbs: all_to_all_single: the first dimension (",
-              input.dim() > 0 ? input.size(0) : 0, ") must be a multiple of the world size");
-  const std::int64_t rows = input.size(0) / getSize();
-  for (const auto* splits : {&input_splits, &output_splits})
-    for (std::int64_t s : *splits)
-      TORCH_CHECK(s == rows, "tbverbs: all_to_all_single: only equal splits are supported (the layer's all_to_all moves equal blocks)");
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "tbverbs: all_to_all_single: the input and output must have one type");
+  const std::int64_t n = getSize();
   const auto dt = dtype_of(input, "all_to_all_single");
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output},
-                 [in = input, out = output, dt](tbverbs::Communicator& c) { return c.all_to_all(bytes_of(in), bytes_of(out), dt); });
+  auto rows_of = [&](const at::Tensor& t, std::vector<std::int64_t>& splits, const char* which) {
+    TORCH_CHECK(t.dim() > 0, "tbverbs: all_to_all_single: the ", which, " has no first dimension");
+    if (splits.empty()) {
+      TORCH_CHECK(t.size(0) % n == 0, "tbverbs: all_to_all_single: the ", which, "'s first dimension (", t.size(0),
+                  ") must be a multiple of the world size without splits");
+      return std::vector<std::int64_t>(static_cast<std::size_t>(n), t.size(0) / n);
+    }
+    TORCH_CHECK(static_cast<std::int64_t>(splits.size()) == n, "tbverbs: all_to_all_single: ", which, " splits has ", splits.size(),
+                " entries, not the world size ", n);
+    std::int64_t sum = 0;
+    for (std::int64_t s : splits) {
+      TORCH_CHECK(s >= 0, "tbverbs: all_to_all_single: a negative split");
+      sum += s;
+    }
+    TORCH_CHECK(sum == t.size(0), "tbverbs: all_to_all_single: the ", which, " splits add up to ", sum, ", not its first dimension ", t.size(0));
+    return splits;
+  };
+  const auto in_rows = rows_of(input, input_splits, "input"), out_rows = rows_of(output, output_splits, "output");
+  const bool equal = std::all_of(in_rows.begin(), in_rows.end(), [&](std::int64_t r) { return r == in_rows[0]; }) && in_rows == out_rows;
+  if (equal)
+    return submit(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output},
+                  {make_call(Collective::all_to_all, bytes_of(input), bytes_of(output), dt)}, {input, output});
+  const std::int64_t in_row = input.numel() / std::max<std::int64_t>(input.size(0), 1) * input.element_size();
+  const std::int64_t out_row = output.numel() / std::max<std::int64_t>(output.size(0), 1) * output.element_size();
+  std::vector<Work::Call> calls;
+  std::int64_t in_at = 0, out_at = 0;
+  const int me = getRank();
+  std::span<std::byte> in_bytes = bytes_of(input), out_bytes = bytes_of(output);
+  std::span<const std::byte> mine_in;
+  std::span<std::byte> mine_out;
+  for (std::int64_t q = 0; q < n; ++q) {
+    const auto send = in_bytes.subspan(static_cast<std::size_t>(in_at * in_row), static_cast<std::size_t>(in_rows[q] * in_row));
+    const auto recv = out_bytes.subspan(static_cast<std::size_t>(out_at * out_row), static_cast<std::size_t>(out_rows[q] * out_row));
+    in_at += in_rows[q];
+    out_at += out_rows[q];
+    if (q == me) {
+      TORCH_CHECK(send.size() == recv.size(), "tbverbs: all_to_all_single: this rank sends itself ", in_rows[q], " rows and expects ",
+                  out_rows[q]);
+      mine_in = send;
+      mine_out = recv;
+      continue;
+    }
+    calls.push_back(make_call(Collective::send, send, {}, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
+    calls.push_back(make_call(Collective::recv, {}, recv, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
+  }
+  if (!mine_in.empty()) std::memcpy(mine_out.data(), mine_in.data(), mine_in.size());
+  // A collective of send/recv calls: held with the other point-to-point work, then started as one group.
+  auto work = c10::make_intrusive<Work>(core_, getRank(), c10d::OpType::ALLTOALL_BASE, "all_to_all_single (uneven)",
+                                        std::vector<at::Tensor>{output}, timeout_);
+  work->calls_ = std::move(calls);
+  work->keep_ = {input, output};
+  core_->submit(work, true);
+  core_->flush();
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllToAllOptions&) {
+  TORCH_CHECK(static_cast<std::int64_t>(inputs.size()) == getSize() && outputs.size() == inputs.size(),
+              "tbverbs: all_to_all: one input and one output tensor per rank");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], "all_to_all");
+    check_tensor(outputs[i], "all_to_all");
+    TORCH_CHECK(inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel() &&
+                    inputs[i].scalar_type() == inputs[0].scalar_type() && outputs[i].scalar_type() == inputs[0].scalar_type(),
+                "tbverbs: all_to_all: the tensors must have one size and type (the layer's all_to_all moves equal blocks)");
+  }
+  at::Tensor in = side_by_side(inputs, inputs[0]);
+  at::Tensor out = at::empty_like(in);
+  return submit(c10d::OpType::ALLTOALL, "all_to_all", outputs,
+                {make_call(Collective::all_to_all, bytes_of(in), bytes_of(out), dtype_of(in, "all_to_all"))}, {in, out},
+                copy_out(outputs, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::send(std::vector<at::Tensor>& tensors, int dst, int) {
   at::Tensor t = single(tensors, "send");
   // A peer outside the group, or this rank, the layer refuses (invalid_argument, nothing sent).
-  const auto dt = dtype_of(t, "send");
-  return enqueue(c10d::OpType::SEND, "send", tensors,
-                 [t, dst, dt](tbverbs::Communicator& c) { return c.send(bytes_of(t), dt, dst); });
+  return submit(c10d::OpType::SEND, "send", tensors,
+                {make_call(Collective::send, bytes_of(t), {}, dtype_of(t, "send"), tbverbs::ReduceOp::sum, dst)}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::recv(std::vector<at::Tensor>& tensors, int src, int) {
   at::Tensor t = single(tensors, "recv");
-  // As send(): the layer checks the peer.
-  const auto dt = dtype_of(t, "recv");
-  return enqueue(c10d::OpType::RECV, "recv", tensors,
-                 [t, src, dt](tbverbs::Communicator& c) { return c.recv(bytes_of(t), dt, src); });
+  return submit(c10d::OpType::RECV, "recv", tensors,
+                {make_call(Collective::recv, {}, bytes_of(t), dtype_of(t, "recv"), tbverbs::ReduceOp::sum, src)}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::barrier(const c10d::BarrierOptions&) {
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [](tbverbs::Communicator& c) { return c.barrier(); });
+  return submit(c10d::OpType::BARRIER, "barrier", {}, {make_call(Collective::barrier, {}, {}, tbverbs::DType::i32, tbverbs::ReduceOp::max)});
 }
 
 } // namespace tbverbs_torch

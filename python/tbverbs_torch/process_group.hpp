@@ -1,8 +1,8 @@
 // tbverbs_torch: a torch.distributed process-group backend over tbverbs' collectives layer
-// (docs/pytorch.md). One Communicator per process group; the collectives run in order on one
-// worker thread per group (a Communicator is used by one thread at a time, and every rank must
-// issue the collectives in the same order, which torch guarantees), and each call returns a Work
-// that completes when its collective has.
+// (docs/pytorch.md). One Communicator per process group (a subgroup's split from the default
+// group's: the same links); every op starts the layer's requests (collective/request.hpp), so
+// several run in flight on the layer's progress thread, in the order torch issues them on every
+// rank, and returns a Work that a completer thread completes when its requests have.
 //
 // PyTorch 1.13 (Debian 12) derives backends from c10d::ProcessGroup; PyTorch 2.x from
 // c10d::Backend, with the same collective signatures. BackendBase is whichever this torch has.
@@ -39,55 +39,107 @@ using BackendBase = c10d::ProcessGroup;
 /// namespace c10d in 2.x).
 inline constexpr std::chrono::milliseconds no_timeout{0};
 
-/// A collective in flight: completes (finish(), the future) when the worker has run it.
+class Core;
+
+/// A collective in flight: started on the layer as a Request (send and recv: held until the
+/// program waits on or tests any Work, or starts a collective, as the layer holds its
+/// point-to-point groups), completed (finish(), the future) by the process group's completer
+/// thread once its Request did, after `finish_` (a copy out of the layer's contiguous buffer).
 class Work final : public c10d::Work {
 public:
-  Work(int rank, c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
+  Work(std::shared_ptr<Core> core, int rank, c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
        std::chrono::milliseconds timeout)
-      : c10d::Work(rank, type), what_(what), outputs_(std::move(outputs)), timeout_(timeout),
+      : c10d::Work(rank, type), core_(std::move(core)), what_(what), outputs_(std::move(outputs)), timeout_(timeout),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
-  /// Waits until the collective completes, at most `timeout` (none given: the process group's
-  /// timeout); rethrows its error.
-  bool wait(std::chrono::milliseconds timeout = no_timeout) override {
-    const auto limit = timeout == no_timeout ? timeout_ : timeout;
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, limit, [&] { return completed_; }))
-      TORCH_CHECK(false, "tbverbs: ", what_, " did not complete within ", limit.count(), " ms (",
-                  timeout == no_timeout ? "the process group's timeout" : "the timeout given to wait()", ")");
-    if (exception_) std::rethrow_exception(exception_);
-    return true;
-  }
+  /// Starts the held sends and recvs (as the layer's test() does), then says whether this completed.
+  bool isCompleted() override;
+  /// Waits until the collective completes, at most `timeout` (none given: the process group's);
+  /// rethrows its error. On expiry the communicator is aborted (every rank's call fails at once:
+  /// a collective cannot be left half done) and this throws with tbverbs' message.
+  bool wait(std::chrono::milliseconds timeout = no_timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
-  /// Called by the worker once the collective ran: `error` null on success.
+  /// The completer, once the Request completed: `error` null on success.
   void complete(std::exception_ptr error) {
     finish(error);
     if (error) future_->setError(error);
     else future_->markCompleted(c10::IValue(outputs_));
   }
 
+  /// One call as the layer's Communicator::start() takes it.
+  struct Call {
+    tbverbs::collective::Collective kind; ///< The collective.
+    std::span<const std::byte> in;        ///< What it reads.
+    std::span<std::byte> out;             ///< What it writes.
+    tbverbs::DType type;                  ///< Element type.
+    tbverbs::ReduceOp op;                 ///< Reduction.
+    int arg;                              ///< Root or peer.
+  };
+
 private:
+  friend class Core;
+  friend class ProcessGroupTbverbs;
+  std::shared_ptr<Core> core_;
   const char* what_;
   std::vector<at::Tensor> outputs_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<Call> calls_;                      ///< What it starts (several for the list and uneven forms).
+  std::vector<tbverbs::Request> requests_;       ///< Started (empty while held).
+  std::vector<at::Tensor> keep_;                 ///< Buffers the calls read or write, alive until complete.
+  std::function<void()> finish_;                 ///< After the calls: copies out (may be empty).
+};
+
+/// One process group's communicator, its held and running Works, and the completer thread that
+/// completes them in start order (the layer completes requests in start order). Shared by the
+/// process group and its Works (a Work may outlive the group; it is complete by then).
+class Core {
+public:
+  Core(tbverbs::Communicator comm, std::chrono::milliseconds timeout);
+  /// Starts `w`'s calls now, or, for send and recv, holds them until flush().
+  void submit(const c10::intrusive_ptr<Work>& w, bool point_to_point);
+  /// Starts every held send and recv, as one group of the layer's.
+  void flush();
+  /// Aborts the communicator (a wait that gave up): every call of every rank fails at once.
+  void abort(const std::string& why);
+  /// Runs what is started, stops the completer, closes the communicator.
+  void shut_down();
+  /// The communicator (for the subgroups made from it; under lock()).
+  tbverbs::Communicator& comm() { return comm_; }
+  /// Held while using comm() from outside.
+  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+
+private:
+  void start(Work& w); // under mutex_
+  void completer_loop();
+  tbverbs::Communicator comm_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<c10::intrusive_ptr<Work>> held_;    ///< send/recv not yet started.
+  std::deque<c10::intrusive_ptr<Work>> running_;  ///< Started, in start order.
+  bool stopping_ = false;
+  std::thread completer_;
 };
 
 /// The "tbverbs" backend: CPU tensors, contiguous, of float32, float64, float16, bfloat16, int8,
-/// int32, int64 and uint8 (uint32, uint64 on torch 2.3+); all_reduce (SUM, PRODUCT, MIN, MAX,
-/// AVG), all_gather (a list, or into one tensor), reduce_scatter (a list, or from one tensor),
-/// broadcast, reduce, gather, scatter, all_to_all_single (equal splits), send/recv (matched per
-/// pair in call order; tags are not used), barrier.
+/// int32, int64, uint8 and bool (uint32, uint64 on torch 2.3+); all_reduce (SUM, PRODUCT, MIN,
+/// MAX, AVG) and its coalesced form, all_gather (a list, or into one tensor), reduce_scatter (a
+/// list, or from one tensor), broadcast, reduce, gather, scatter, all_to_all (lists) and
+/// all_to_all_single (equal or uneven splits), send/recv (matched per pair in call order; tags
+/// are not used), barrier. Every op is asynchronous: several may be in flight.
 class ProcessGroupTbverbs final : public BackendBase {
 public:
   /// Connects this rank: rendezvous through `store` (rank 0 listens on a free port and publishes
   /// it there with the job's token; the others read it), then the Communicator's set-up. Options
   /// from the environment as CommunicatorOptions::from_env(rank, size) reads them; the timeout is
-  /// the process group's unless TBVERBS_TIMEOUT_MS is set. Throws with tbverbs' message.
+  /// the process group's unless TBVERBS_TIMEOUT_MS is set. A subgroup (`global_ranks` not empty)
+  /// of a process whose default group is tbverbs' is a subgroup of its communicator instead: no
+  /// rendezvous, no new link. Throws with tbverbs' message.
   static c10::intrusive_ptr<BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout, const std::vector<int>& global_ranks);
 
   ProcessGroupTbverbs(tbverbs::Communicator comm, std::chrono::milliseconds timeout);
   ~ProcessGroupTbverbs() override;
@@ -98,6 +150,8 @@ public:
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -117,23 +171,20 @@ public:
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<std::int64_t>& output_splits,
                                                std::vector<std::int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
 private:
-  // Queues `run` on the worker; the Work completes when it returns (or throws).
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
-                                         std::function<tbverbs::Result<void>(tbverbs::Communicator&)> run);
-  void worker_loop();
+  // A Work for `calls` (their buffers in `keep`), started (or held: send and recv).
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
+                                        std::vector<Work::Call> calls, std::vector<at::Tensor> keep = {},
+                                        std::function<void()> finish = {});
 
-  tbverbs::Communicator comm_;
+  std::shared_ptr<Core> core_;
   std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
 };
 
 } // namespace tbverbs_torch

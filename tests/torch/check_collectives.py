@@ -157,6 +157,92 @@ def main():
                 expect(f"isend/irecv from {peer} {tag}", got, values(peer, count, dtype, salt=40))
         dist.barrier()
 
+    # Several in flight: six all_reduces started, waited in reverse.
+    bufs = [values(rank, 1000 * (k + 1), torch.float32, salt=90 + k) for k in range(6)]
+    works = [dist.all_reduce(b, async_op=True) for b in bufs]
+    for k in reversed(range(6)):
+        works[k].wait()
+        expect(f"all_reduce {k} of six in flight", bufs[k], combined(world, 1000 * (k + 1), torch.float32, "SUM", salt=90 + k))
+
+    # Symmetric exchanges, 1 MiB each way (far past the credits: a send cannot finish before its
+    # peer's receive is posted): isend before irecv on both ranks of a pair, and batch_isend_irecv
+    # to both neighbours round the ring.
+    n = 1 << 18
+    peer = rank ^ 1
+    if peer < world:
+        got = torch.full((n,), -1.0)
+        reqs = [dist.isend(values(rank, n, torch.float32, salt=100), peer), dist.irecv(got, peer)]
+        for req in reqs:
+            req.wait()
+        expect(f"isend then irecv with {peer}", got, values(peer, n, torch.float32, salt=100))
+    if world > 1:
+        right, left = (rank + 1) % world, (rank - 1) % world
+        from_left, from_right = torch.full((n,), -1.0), torch.full((n,), -1.0)
+        ops = [dist.P2POp(dist.isend, values(rank, n, torch.float32, salt=110), right),
+               dist.P2POp(dist.isend, values(rank, n, torch.float32, salt=120), left),
+               dist.P2POp(dist.irecv, from_left, left), dist.P2POp(dist.irecv, from_right, right)]
+        if world == 2:  # one neighbour both ways: one send and one receive each
+            ops = [ops[0], ops[2]]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        expect("batch_isend_irecv from the left", from_left, values(left, n, torch.float32, salt=110))
+        if world > 2:
+            expect("batch_isend_irecv from the right", from_right, values(right, n, torch.float32, salt=120))
+
+    # all_to_all_single with uneven splits: rank r sends rank q (r + 2q) % 3 + 1 rows of 5.
+    def rows(r, q):
+        return (r + 2 * q) % 3 + 1
+    in_splits = [rows(rank, q) for q in range(world)]
+    out_splits = [rows(q, rank) for q in range(world)]
+    send = torch.cat([torch.full((rows(rank, q), 5), float(100 * rank + q)) for q in range(world)])
+    recv = torch.full((sum(out_splits), 5), -1.0)
+    dist.all_to_all_single(recv, send, out_splits, in_splits)
+    expect("all_to_all_single, uneven splits", recv, torch.cat([torch.full((rows(q, rank), 5), float(100 * q + rank)) for q in range(world)]))
+    # all_to_all on lists.
+    outs = [torch.full((3,), -1) for _ in range(world)]
+    dist.all_to_all(outs, [torch.full((3,), 10 * rank + q) for q in range(world)])
+    for q in range(world):
+        expect(f"all_to_all [{q}]", outs[q], torch.full((3,), 10 * q + rank))
+
+    # bool: SUM is any, PRODUCT all (the results stay 0 or 1).
+    flags = torch.tensor([rank == 0, True, False, rank == world - 1])
+    t = flags.clone()
+    dist.all_reduce(t)
+    expect("all_reduce SUM of bool (any)", t, torch.tensor([True, True, False, True]))
+    t = flags.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    expect("all_reduce PRODUCT of bool (all)", t, torch.tensor([world == 1, True, False, world == 1]))
+
+    # Subgroups: five rounds of pairs (0, 1), (2, 3), ... and halves, all alive at once with the
+    # default group. Each is a subgroup of the default group's communicator: no queue pair of its
+    # own (ten communicators that each connected would need more than the emulated Thunderbolt
+    # device's 10 queue pairs).
+    half = (world + 1) // 2
+    pair_ranks = [p for p in (rank - rank % 2, rank - rank % 2 + 1) if p < world]
+    alive = []
+    for k in range(5):
+        pairs = [dist.new_group([p, p + 1] if p + 1 < world else [p]) for p in range(0, world, 2)]
+        halves = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))] if world > 1 else []
+        alive.append((pairs, halves))
+    for k, (pairs, halves) in enumerate(alive):
+        mine_pair = pairs[rank // 2]
+        t = torch.full((77,), float(rank + 1))
+        dist.all_reduce(t, group=mine_pair)
+        expect(f"all_reduce on the pair, round {k}", t, torch.full((77,), float(sum(p + 1 for p in pair_ranks))))
+        if halves:
+            group, members = (halves[0], range(half)) if rank < half else (halves[1], range(half, world))
+            if len(members) > 0:
+                t = torch.full((33,), float(rank + 1))
+                w = dist.all_reduce(t, group=group, async_op=True)
+                u = torch.full((5,), float(rank))
+                dist.all_reduce(u)
+                w.wait()
+                expect(f"all_reduce on the half, round {k}", t, torch.full((33,), float(sum(p + 1 for p in members))))
+                expect(f"all_reduce on the default group between, round {k}", u, torch.full((5,), float(world * (world - 1) / 2)))
+                outs = [torch.zeros(2) for _ in members]
+                dist.all_gather(outs, torch.full((2,), float(rank)), group=group)
+                expect(f"all_gather on the half, round {k}", torch.cat(outs), torch.cat([torch.full((2,), float(p)) for p in members]))
+
     # What the backend refuses, with an exception naming tbverbs, and nothing broken after it.
     def refused(what, call, needle):
         nonlocal checks
@@ -169,7 +255,7 @@ def main():
             return
         raise AssertionError(f"rank {rank}: {what} was accepted")
 
-    refused("a bool tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool)), "not supported")
+    refused("an int16 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), "not supported")
     refused("AVG of int32", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG), "avg")
     refused("a non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4).t()), "not contiguous")
     refused("the bitwise AND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND),
@@ -177,9 +263,8 @@ def main():
     refused("a wrong output size",
             lambda: dist.all_gather_into_tensor(torch.zeros(world * 4 + 1), torch.zeros(4)), "elements")
     refused("a send to this rank", lambda: dist.send(torch.ones(2), rank), "not another rank")
-    refused("all_to_all_single with unequal splits",
-            lambda: dist.all_to_all_single(torch.zeros(2 * world), torch.zeros(2 * world),
-                                           [3] + [2] * (world - 2) + [1], [3] + [2] * (world - 2) + [1]), "equal splits")
+    refused("all_to_all_single with splits that do not add up",
+            lambda: dist.all_to_all_single(torch.zeros(2 * world), torch.zeros(2 * world), [3] * world, [2] * world), "add up")
     t = values(rank, 5, torch.float32)
     dist.all_reduce(t)
     expect("all_reduce after the refusals", t, combined(world, 5, torch.float32, "SUM"))

@@ -155,6 +155,13 @@ public:
   /// of them breaks the whole family, on every rank; the links go when the last of the family
   /// is closed. options(), network(), traffic() and side_channel() are the family's.
   [[nodiscard]] Result<Communicator> split(int color, int key);
+  /// A communicator of `ranks` (ranks of this one, each once, this rank among them), ranked in
+  /// that order, which only they call: split() for frameworks whose other ranks take no part
+  /// (torch's new_group). Nothing is sent: the members that make the same list the same number
+  /// of times get the same communicator, and its first call checks it (a member that listed
+  /// other ranks fails that call with call_mismatch). Like split(), it shares this family's
+  /// links. Errors: invalid_argument (a rank twice or outside 0..size()-1, this rank missing).
+  [[nodiscard]] Result<Communicator> subgroup(std::span<const int> ranks);
 
   // Every collective below comes blocking (`all_reduce`) and non-blocking (`all_reduce_async`,
   // the same parameters, a Request back: see "Requests" at the top of this file), typed and on
@@ -444,6 +451,7 @@ private:
                              std::span<std::byte> out, int root);
   Result<void> move_blocks(collective::Collective kind, std::span<const std::byte> in, std::span<std::byte> out, DType t, int root);
   static Communicator view(State& s, std::shared_ptr<collective::Subgroup> group);
+  Communicator member(std::vector<int> ranks_here, int me_here, std::uint32_t tag);
   Result<void> admit(const Busy& busy, collective::Collective kind, DType t, ReduceOp op, std::span<const std::byte> in,
                      std::span<std::byte> out, int arg);
   Result<Lowered> lower(collective::Collective kind, collective::Algorithm algo, std::span<const std::byte> in,

@@ -42,7 +42,7 @@ struct Communicator::State {
   std::string within;                                   ///< The split communicator's call running, for errors (Within).
   std::shared_ptr<collective::RequestQueue> progress;   ///< The progress thread of the family (from the first *_async call).
   std::atomic<int> holders{1};                          ///< Open communicators of the family; the last close() leaves the job.
-  std::uint64_t splits = 0;                             ///< split calls made on connect()'s communicator.
+  collective::Subgroup root;                            ///< connect()'s communicator's split and subgroup counts (its members unused).
   ~State() {
     if (progress) progress->shut_down();
     if (cache) cache->close(); // the registrations go before the devices' protection domains

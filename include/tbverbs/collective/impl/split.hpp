@@ -28,6 +28,7 @@ TBVERBS_NAMESPACE_BEGIN
 /// call's length.
 class Communicator::Within {
 public:
+  /// Notes `what` in `s` until this goes.
   Within(State& s, std::string what) : s_(s) { s_.within = std::move(what); }
   ~Within() { s_.within.clear(); }
   Within(const Within&) = delete;
@@ -43,18 +44,47 @@ TBVERBS_COLLECTIVE_DEF Result<Communicator> Communicator::split(int color, int k
   const std::int32_t mine[2] = {color < 0 ? -1 : color, key};
   std::vector<std::int32_t> all(2 * n);
   if (auto r = all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all)); !r) return fail(r.error());
-  const std::uint64_t seq = (sub_ ? sub_->splits : s_->splits)++;
+  collective::Subgroup& here = sub_ ? *sub_ : s_->root;
+  const std::uint64_t seq = here.splits++;
   if (color < 0) return Communicator();
   std::vector<std::pair<std::int32_t, int>> order; // (key, rank here) of the ranks with this color
   for (std::size_t q = 0; q < n; ++q)
     if (all[2 * q] == color) order.emplace_back(all[2 * q + 1], static_cast<int>(q));
   std::sort(order.begin(), order.end());
-  auto g = std::make_shared<collective::Subgroup>();
+  std::vector<int> ranks;
+  int me = 0;
   for (const auto& [k, q] : order) {
-    if (q == rank()) g->me = static_cast<int>(g->members.size());
-    g->members.push_back(sub_ ? sub_->members[static_cast<std::size_t>(q)] : q);
+    if (q == rank()) me = static_cast<int>(ranks.size());
+    ranks.push_back(q);
   }
-  g->tag = collective::child_tag(sub_ ? sub_->tag : 0, seq, color);
+  const std::uint64_t words[] = {0, seq, static_cast<std::uint32_t>(color)}; // 0: a split
+  return member(std::move(ranks), me, collective::child_tag(here.tag, words));
+}
+
+TBVERBS_COLLECTIVE_DEF Result<Communicator> Communicator::subgroup(std::span<const int> ranks) {
+  auto invalid = [](const std::string& d) { return fail(Error::make(Step::collective, ErrorKind::invalid_argument, "subgroup: " + d)); };
+  if (!s_) return invalid("an empty (moved-from, closed or color < 0) communicator");
+  const int n = size();
+  std::vector<int> list(ranks.begin(), ranks.end()), sorted = list;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return invalid("a rank is listed twice");
+  if (!sorted.empty() && (sorted.front() < 0 || sorted.back() >= n))
+    return invalid("the ranks are not all ranks of 0.." + std::to_string(n - 1));
+  const auto mine = std::find(list.begin(), list.end(), rank());
+  if (mine == list.end()) return invalid("this rank (" + std::to_string(rank()) + ") is not in the list");
+  collective::Subgroup& here = sub_ ? *sub_ : s_->root;
+  std::vector<std::uint64_t> words{1, here.subgroups[list]++}; // 1: a subgroup
+  for (int q : list) words.push_back(static_cast<std::uint64_t>(q));
+  const int me = static_cast<int>(mine - list.begin());
+  return member(std::move(list), me, collective::child_tag(here.tag, words));
+}
+
+// A new member of this family: `ranks_here` (ranks of this communicator) in its rank order.
+TBVERBS_COLLECTIVE_DEF Communicator Communicator::member(std::vector<int> ranks_here, int me_here, std::uint32_t tag) {
+  auto g = std::make_shared<collective::Subgroup>();
+  for (int q : ranks_here) g->members.push_back(sub_ ? sub_->members[static_cast<std::size_t>(q)] : q);
+  g->me = me_here;
+  g->tag = tag;
   Communicator c;
   c.s_ = s_;
   c.sub_ = std::move(g);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@ struct Subgroup {
   std::uint32_t tag = 0;         ///< Its number on the wire (CallIdentity::communicator): never 0, the same on every member.
   std::uint64_t collectives = 0; ///< Collective calls made (the next one's number).
   std::uint64_t splits = 0;      ///< split calls made on it (the next child's number derives from it).
+  std::map<std::vector<int>, std::uint64_t> subgroups; ///< subgroup() calls made on it, per list of ranks.
 };
 
 /// One send or receive of a split communicator's call.
@@ -32,17 +34,17 @@ struct Transfer {
   std::span<std::byte> into;       ///< A receive's bytes.
 };
 
-/// The number of the communicator split with `color` as the `split`-th split of the one numbered
-/// `parent` (0: connect()'s): FNV-1a over the three, never 0. Every member derives the same; two
-/// communicators of one family share a number with a chance of about 2^-32 per pair.
-inline std::uint32_t child_tag(std::uint32_t parent, std::uint64_t split, int color) noexcept {
+/// The number of a communicator made from the one numbered `parent` (0: connect()'s), from
+/// `words` that every member knows alike (a split's number and color; a subgroup's ranks and how
+/// many of them were made before): FNV-1a over them, never 0. Two communicators of one family
+/// share a number with a chance of about 2^-32 per pair.
+inline std::uint32_t child_tag(std::uint32_t parent, std::span<const std::uint64_t> words) noexcept {
   std::uint32_t h = 2166136261u;
-  auto mix = [&](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) h = (h ^ static_cast<std::uint32_t>((v >> (8 * i)) & 0xffu)) * 16777619u;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint32_t>((v >> (8 * i)) & 0xffu)) * 16777619u;
   };
-  mix(parent, 4);
-  mix(split, 8);
-  mix(static_cast<std::uint32_t>(color), 4);
+  mix(parent);
+  for (std::uint64_t w : words) mix(w);
   return h == 0 ? 1 : h;
 }
 
