@@ -38,11 +38,12 @@ backports_packages=(
 #   and graphviz, the API reference; pkg-config, the pkg-config consumer test; iproute2, the
 #   network namespaces of the side-channel tests; gnuplot-nox, the benchmarks' plots;
 #   python3-torch, libtorch-dev (PyTorch 1.13's C++ package and c10d headers; it brings python3-dev)
-#   and pybind11-dev, the torch.distributed backend (python/) and its torchrun tests.
+#   and pybind11-dev, the torch.distributed backend (python/) and its torchrun tests; debootstrap,
+#   the Debian 13 chroot in which tools/torch2.sh builds and tests the backend on torch 2.6.
 test_packages=(
   libibverbs1 ibverbs-utils perftest rdmacm-utils python3-pyverbs python3 clang libclang-rt-14-dev
   clang-19 libclang-rt-19-dev libc++-19-dev libc++abi-19-dev valgrind doxygen graphviz pkg-config
-  iproute2 gnuplot-nox python3-torch libtorch-dev pybind11-dev
+  iproute2 gnuplot-nox python3-torch libtorch-dev pybind11-dev debootstrap
 )
 
 # The packages of one role (build, package, test, backports), or of all.

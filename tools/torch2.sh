@@ -51,6 +51,15 @@ unmount_all() {
 }
 trap unmount_all EXIT
 
+# Deletes the chroot, never through a mount a killed run (or debootstrap) left in it: /tmp, /dev
+# and the tree are bound there while the tests run.
+remove_root() {
+  if awk -v r="$root/" 'index($2 "/", r) == 1 {found = 1} END {exit !found}' /proc/self/mounts; then
+    skip "mounts remain under $root from an earlier run: umount them first"
+  fi
+  rm -rf "$root"
+}
+
 prepare() {
   [ "$(id -u)" -eq 0 ] || skip "needs root (debootstrap and chroot)"
   command -v debootstrap >/dev/null || skip "no debootstrap (tools/install-deps.sh installs it)"
@@ -59,11 +68,11 @@ prepare() {
   [ -n "$uri" ] || skip "no Debian apt source in /etc/apt to make the chroot from"
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     echo "torch2: debootstrap $suite from $uri into $root"
-    rm -rf "$root"
+    remove_root
     mkdir -p "$root"
     if ! debootstrap --variant=minbase "$suite" "$root" "$uri" >"$root.debootstrap.log" 2>&1; then
       tail -5 "$root.debootstrap.log" >&2
-      rm -rf "$root"
+      remove_root
       skip "debootstrap $suite from $uri failed (log: $root.debootstrap.log)"
     fi
   fi

@@ -233,6 +233,26 @@ std::optional<Split> make_split(Communicator& c, const std::vector<int>& family_
   return out;
 }
 
+// Ranks 0 and 1 each make a subgroup of both, but rank 0 makes one before: their subgroups are
+// not the same one, and the first call on them fails with call_mismatch on both.
+void subgroups_that_differ(Communicator& c) {
+  const int me = c.rank();
+  if (me > 1) return;
+  const int both[] = {0, 1};
+  if (me == 0) (void)c.subgroup(std::span<const int>(both));
+  auto g = c.subgroup(std::span<const int>(both));
+  if (!g) {
+    failed("subgroup: " + g.error().message());
+    return;
+  }
+  std::vector<std::int64_t> buf(16, me);
+  auto r = g->all_reduce(std::span<std::int64_t>(buf));
+  if (r) failed("subgroups that differ: the call returned ok");
+  else if (!r.error().is(ErrorKind::call_mismatch)) failed("subgroups that differ: " + r.error().message() + " (expected call_mismatch)");
+  else std::printf("rank %d: subgroup mismatch seen: %s\n", me, r.error().message().c_str());
+  if (buf != std::vector<std::int64_t>(16, me)) failed("subgroups that differ: the buffer was written");
+}
+
 void mismatch_breaks_the_family(Communicator& c) {
   const int n = c.size(), me = c.rank();
   auto s = c.split(0, me);
@@ -267,7 +287,7 @@ int run_rank() {
   const int n = c.size(), me = c.rank();
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) everyone[static_cast<std::size_t>(q)] = q;
-  std::vector<Split> alive; // every split communicator, all alive at once
+  std::vector<Split> alive; // every split communicator, all alive at once (the same list on every rank but rank 0's last)
   alive.reserve(16);
   for (int round = 0; round < 3; ++round) {
     const std::string r = " (round " + std::to_string(round) + ")";
@@ -280,6 +300,17 @@ int run_rank() {
     auto quarters = make_split(h.comm, h.family, [](int q) { return q % 2; }, [](int) { return 0; }, "halves split again" + r);
     if (!quarters) return 1;
     alive.push_back(std::move(*quarters));
+  }
+  { // subgroup(): pairs listed last rank first, made by their members only
+    const int p = me - me % 2;
+    std::vector<int> ranks = p + 1 < n ? std::vector<int>{p + 1, p} : std::vector<int>{p};
+    auto g = c.subgroup(std::span<const int>(ranks));
+    if (!g) failed("subgroup: " + g.error().message());
+    else alive.push_back(Split{std::move(*g), ranks, "subgroup"});
+    const int twice[] = {me, me};
+    const int other[] = {(me + 1) % n};
+    if (c.subgroup(std::span<const int>(twice)) || (n > 1 && c.subgroup(std::span<const int>(other))))
+      failed("subgroup accepted a rank listed twice, or a list without this rank");
   }
   auto without0 = c.split(me == 0 ? -1 : 1, 0);
   if (!without0) failed("split without rank 0: " + without0.error().message());
@@ -301,6 +332,12 @@ int run_rank() {
     std::printf("rank %d: the mismatch reached this rank during connect: %s\n", me, again.error().message().c_str());
   else if (!again) failed("connect again: " + again.error().message());
   else mismatch_breaks_the_family(*again);
+  if (again) (void)again->close();
+  auto third = Communicator::connect(*opts);
+  if (!third && third.error().is(ErrorKind::call_mismatch))
+    std::printf("rank %d: the mismatch reached this rank during connect: %s\n", me, third.error().message().c_str());
+  else if (!third) failed("connect a third time: " + third.error().message());
+  else if (n > 1) subgroups_that_differ(*third);
   if (check::failures == 0) std::printf("rank %d of %d: every split communicator verified\n", me, n);
   return check::failures == 0 ? 0 : 1;
 }
