@@ -143,12 +143,11 @@ c10::intrusive_ptr<BackendBase> ProcessGroupTbverbs::create(const c10::intrusive
   auto opts = tbverbs::CommunicatorOptions::from_env(rank, size);
   if (!opts) throw_error(opts.error());
   if (std::getenv("TBVERBS_TIMEOUT_MS") == nullptr && timeout.count() > 0) opts->timeout = timeout;
-  // The registration cache trusts the program to forget memory before freeing it; torch frees and
-  // reuses tensor memory without telling the backend, and a cached registration would then point
-  // at pages the memory no longer has. Tensors are staged (copied through registered scratch).
-  TORCH_CHECK(opts->memory != tbverbs::collective::Memory::registered,
-              "tbverbs: TBVERBS_MEMORY=registered is not available to the torch backend: torch frees and reuses "
-              "tensor memory without telling it, and a cached registration would outlive its memory (use auto or staged)");
+  // TBVERBS_MEMORY=registered is allowed: a tensor's memory is then registered at its first use
+  // and the registration kept only while its page frames prove the memory unchanged (the layer's
+  // registration rule, docs/collectives.md "Memory"), so torch freeing and reusing tensor memory
+  // without telling the backend is seen, never mistaken for the old tensor. auto (the default)
+  // stages tensors through the communicator's registered scratch: one copy each way.
   if (size > 1) {
     // Rank 0 listens on a free port of every interface and publishes "host:port token": the host
     // the others reach it by is torchrun's MASTER_ADDR (TBVERBS_COORDINATOR_HOST overrides it),
