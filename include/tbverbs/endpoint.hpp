@@ -121,7 +121,7 @@ struct Endpoint {
     for (std::size_t i = 0; i < 16; ++i) raw[i] = static_cast<std::uint8_t>(p[28 + i]);
     e.gid = Gid(raw);
     if (e.qp_num > 0xffffff || e.psn > 0xffffff) return bad("corrupt endpoint frame: QP number or PSN exceeds 24 bits");
-    // What no valid peer sends is refused, not carried into RTR (issue 9): QP number 0 (the
+    // What no valid peer sends is refused, not carried into RTR: QP number 0 (the
     // special QP0), a zero GID, a set reserved byte, capability bits this version does not define,
     // an unknown link layer, and UD (a UD QP needs address handles and a QKEY, not this exchange).
     if (e.qp_num == 0) return bad("corrupt endpoint frame: QP number 0");

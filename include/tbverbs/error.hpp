@@ -200,8 +200,8 @@ struct Error {
       m += ", wr_id " + std::to_string(wr_id);
       if (sys_errno != 0) m += ", errno " + errno_text();
     } else if (kind != ErrorKind::verb_failed && posted >= 0) {
-      // A post tbverbs refused before calling the driver (a condition, not a driver failure:
-      // issue 18, finding 2): "ibv_post_send: capacity, refused before the driver: ...".
+      // A post tbverbs refused before calling the driver (a condition, not a driver failure):
+      // "ibv_post_send: capacity, refused before the driver: ...".
       m += ": ";
       m += kind_name(kind);
       if (sys_errno != 0) m += ", errno " + errno_text();
@@ -216,8 +216,8 @@ struct Error {
         m += " after posting " + std::to_string(posted) + " work request" + (posted == 1 ? "" : "s") +
              " of the chain; first not posted: wr_id " + std::to_string(wr_id);
     } else {
-      // A condition, with the errno that came with it as a separate fact (issue 13: "no RDMA
-      // device with ENOSYS" read as if the device had the errno).
+      // A condition, with the errno that came with it as a separate fact ("no RDMA device with
+      // ENOSYS" would read as if the device had the errno).
       m += ": ";
       m += kind_name(kind);
       if (sys_errno != 0) m += ", errno " + errno_text();

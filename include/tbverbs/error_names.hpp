@@ -2,7 +2,7 @@
 /// The Step, ErrorKind and Platform enumerations, the printable names of steps, error kinds and work-completion statuses, the `wc::` status
 /// values and the `fact::` strings that Error::detail carries for the catalogue. Split from
 /// diagnosis.hpp so that error.hpp, and with it the lean data-path header, does not compile the
-/// catalogue's texts (issue 8, finding 14).
+/// catalogue's texts.
 #pragma once
 
 #include "config.hpp"
@@ -77,7 +77,7 @@ enum class ErrorKind : std::uint8_t {
   result_mismatch,    ///< A verified result differs from the expected value.
   /// Another rank gave up and said why (a side-channel abort frame). The detail names that rank
   /// and carries its words and the kind it claimed; that kind is the peer's claim, never this
-  /// rank's own condition (issue 19: a forged frame made a rank report a local "required verbs
+  /// rank's own condition (a forged frame must not make a rank report a local "required verbs
   /// symbol missing").
   peer_aborted,
   /// The ranks made different calls (collective, element type, op, count, root or peer, or a call

@@ -53,7 +53,7 @@ public:
     char buf[INET6_ADDRSTRLEN + 1] = {};
     if (text.size() >= sizeof buf)
       return fail(Error::make(Step::configure, ErrorKind::invalid_argument, "GID text too long"));
-    // inet_pton stops at a NUL: "fe80::1\0junk" would pass as fe80::1 (issue 9).
+    // inet_pton stops at a NUL: "fe80::1\0junk" would pass as fe80::1.
     if (text.find('\0') != std::string_view::npos)
       return fail(Error::make(Step::configure, ErrorKind::invalid_argument, "GID text with a NUL character"));
     std::memcpy(buf, text.data(), text.size());

@@ -66,7 +66,7 @@ struct LinkOptions {
   /// probe within its wire time unless the driver does not deliver it (macOS 26.2, ds4). Doubled in
   /// each later size-limited round, plus the message's time at 100 MB/s; since two size-limited
   /// rounds step the link down to one frame, a slow peer must miss it twice to cause one
-  /// (issue 21: the 26.2 start cost 4.1 s in two whole rounds). Zero: wait out warmup_wait.
+  /// (on macOS 26.2 a start cost 4.1 s in two whole rounds without it). Zero: wait out warmup_wait.
   std::chrono::milliseconds size_limit_grace{250};
   /// Bound of every side-channel exchange during set-up.
   std::chrono::milliseconds timeout{30000};
@@ -749,7 +749,7 @@ private:
   }
   // The device's asynchronous events (Context::wait_async_event, looked at, never waited for): a
   // port that left ACTIVE under the link ends the set-up at once, naming the device and port,
-  // instead of failing `attempts` warm-up rounds (issue 18, finding 7). A port error is confirmed
+  // instead of failing `attempts` warm-up rounds. A port error is confirmed
   // with ibv_query_port (an event queued before a port came back up is history, not a failure);
   // a device-fatal event needs no confirmation. Other events are left to the caller's code.
   Result<void> port_alive(std::size_t i) const {

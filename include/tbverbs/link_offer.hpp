@@ -1,7 +1,7 @@
 /// @file link_offer.hpp
 /// `LinkOffer`: what one end of a link can do, advertised before its queue pair exists, and
 /// `agree()`: the recipe both ends of one link then use. A Mac facing a Linux host and two Linux
-/// hosts facing each other pick different recipes in one job (issue 21): the recipe follows the
+/// hosts facing each other pick different recipes in one job: the recipe follows the
 /// link, not one's own platform.
 #pragma once
 

@@ -37,7 +37,7 @@ public:
   /// Allocates at least `bytes` (rounded up to the page size). Fails with ENOMEM at Step::reg_mr.
   [[nodiscard]] static Result<AlignedBuffer> allocate(std::size_t bytes) {
     const std::size_t page = page_size();
-    // Rounding SIZE_MAX up to a page wrapped to 0 and "allocated" an empty buffer (issue 9).
+    // Rounding SIZE_MAX up to a page wrapped to 0 and "allocated" an empty buffer.
     if (bytes > std::numeric_limits<std::size_t>::max() - page)
       return fail(Error::from_return(Step::reg_mr, ENOMEM)
                       .with_detail("allocating a page-aligned buffer of " + std::to_string(bytes) + " bytes: too large"));

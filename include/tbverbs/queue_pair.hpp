@@ -70,8 +70,8 @@ struct QpTransport {
 /// every one-sided one the peer's QP does not grant: `granted` is the remote access of the peer's
 /// QP, which a job whose ranks share one recipe sets with QpRecipe::access (RDMA WRITE, with or
 /// without immediate, needs remote_write; RDMA READ remote_read; atomics remote_atomic). A READ
-/// the peer does not grant would post, fail at completion and put both QPs in ERR (issue 18,
-/// finding 3); refused here, it fails at post() with nothing sent.
+/// the peer does not grant would post, fail at completion and put both QPs in ERR; refused
+/// here, it fails at post() with nothing sent.
 constexpr SendOps send_ops_for(QpType type, Platform platform, bool allow_one_sided,
                                Access granted = Access::remote_write | Access::remote_read | Access::remote_atomic) noexcept {
   SendOps ops = type == QpType::rc   ? SendOps::reliable_connected

@@ -47,7 +47,7 @@ inline std::uint32_t fresh_psn() noexcept {
   static const std::uint32_t seed = [] {
     std::uint32_t s = static_cast<std::uint32_t>(::getpid()) * 2654435761u;
     // getentropy (POSIX 2024; glibc 2.25+, macOS 10.12+) instead of std::random_device: <random>
-    // cost the umbrella header 15% of its compile time (issue 8, finding 14).
+    // cost the umbrella header 15% of its compile time.
     std::uint32_t r = 0;
     if (::getentropy(&r, sizeof r) == 0)
       s ^= r;
@@ -236,8 +236,7 @@ public:
       t.attr.ah_attr.is_global = 1;
       std::memcpy(t.attr.ah_attr.grh.dgid.raw, remote.gid.raw().data(), sizeof t.attr.ah_attr.grh.dgid.raw);
       // ibv_global_route's sgid_index is 8 bits: checked above, so this never truncates (index
-      // 300 became 44, routing from another entry than advertised: issue 8 finding 2, issue 18
-      // finding 5).
+      // 300 would become 44, routing from another entry than advertised).
       t.attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_.index());
       t.attr.ah_attr.grh.hop_limit = hop_limit_;
       t.attr.ah_attr.grh.traffic_class = transport_.traffic_class;
@@ -358,7 +357,7 @@ public:
   [[nodiscard]] Result<QueuePair> connect(const Endpoint& remote) && {
     if (owned_.get() == nullptr || info_ == nullptr) [[unlikely]] {
       // Moved from (connect() itself moves the QP out on success): everything below reads info_,
-      // which is null now (issue 18, finding 4: a SEGV on the documented retry-after-failure path).
+      // which is null now (the documented retry-after-failure path ends here, not in a SEGV).
       Error e = Error::from_return(Step::modify_qp_rtr, EBADF);
       return fail(e.with_detail(fact::closed_handle));
     }

@@ -308,8 +308,8 @@ struct State {
 
   /// The error an abort frame from `c` carries (and remembers it for forwarding): always
   /// ErrorKind::peer_aborted. Everything in the frame is the peer's claim, so none of it becomes
-  /// this rank's own error kind (issue 19, finding 8: a forged frame's kind symbol_missing was
-  /// reported as "required verbs symbol missing: rank 1 aborted: ..."): the claimed kind only
+  /// this rank's own error kind (a forged frame claiming symbol_missing must not read as "required
+  /// verbs symbol missing: rank 1 aborted: ..."): the claimed kind only
   /// appears, by name, in the detail.
   Error abort_error(const Conn& c, const Frame& f) {
     Reader r{f.payload};

@@ -4,7 +4,7 @@
 ///
 /// Why not std::atomic: in C++20, libstdc++'s `<atomic>` brings in the wait/notify machinery
 /// (`<bits/atomic_wait.h>`: the thread sleep functions and the clocks), about 0.05 s of the
-/// data-path header's 0.3 s compile budget (issue 8, finding 14). With GCC and Clang, every
+/// data-path header's 0.3 s compile budget. With GCC and Clang, every
 /// compiler this library is built with, Atomic is made of the compiler's `__atomic` builtins,
 /// which are what std::atomic itself is made of in libstdc++ and libc++; any other compiler gets
 /// std::atomic underneath. The operations and memory orders are std::atomic's.

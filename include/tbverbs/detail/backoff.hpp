@@ -86,7 +86,7 @@ public:
 
 private:
   // nanosleep, not std::this_thread::sleep_for: <thread> costs the data-path header more compile
-  // time than everything else in it (issue 8, finding 14). EINTR resumes with what is left.
+  // time than everything else in it. EINTR resumes with what is left.
   static void sleep_for(std::chrono::microseconds d) noexcept {
     if (d.count() <= 0) return;
     timespec ts{static_cast<time_t>(d.count() / 1000000), static_cast<long>((d.count() % 1000000) * 1000)};

@@ -2,7 +2,7 @@
 /// std::chrono's clocks, durations and time points for the data-path headers. With libstdc++ it
 /// includes <bits/chrono.h>, the part of <chrono> that defines them: since C++20 <chrono> also
 /// pulls in <sstream> and the locale machinery for its formatting, which doubles the compile time
-/// of the lean data-path header (issue 8, finding 14). Elsewhere, and when that file is absent,
+/// of the lean data-path header. Elsewhere, and when that file is absent,
 /// it is <chrono> itself. Either way the names are std::chrono's own, so a translation unit that
 /// also includes <chrono> sees one set of declarations.
 #pragma once

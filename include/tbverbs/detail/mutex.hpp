@@ -4,7 +4,7 @@
 ///
 /// Why not std::mutex: `<mutex>` costs the umbrella header about 0.01-0.02 s of compile time and
 /// these locks guard rare, cold operations (a library load, a profile read), where a pthread mutex
-/// does the same job (issue 8, finding 14). The side channel, which also starts threads, keeps
+/// does the same job. The side channel, which also starts threads, keeps
 /// std::mutex.
 #pragma once
 

@@ -4,7 +4,7 @@
 ///
 /// Why not std::shared_ptr and std::unique_ptr: `<memory>` is the largest part of the data-path
 /// header's compile time (in C++20 libstdc++'s unique_ptr.h includes `<ostream>`: 0.07 s of the
-/// 0.3 s budget, issue 8, finding 14), and the handles need only this much: a count of who
+/// 0.3 s budget), and the handles need only this much: a count of who
 /// keeps an object (a verbs object and its parents) alive, atomically, and one delete.
 #pragma once
 

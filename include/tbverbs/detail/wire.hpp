@@ -48,7 +48,7 @@ struct Crc32Tables {
 };
 /// The tables, computed on first use (a few microseconds, once per process). Not constexpr on
 /// purpose: evaluating the 2048 entries at compile time cost every translation unit that
-/// includes an endpoint or side-channel header about 0.05 s (issue 8, finding 14).
+/// includes an endpoint or side-channel header about 0.05 s.
 inline const Crc32Tables& crc32_tables() noexcept {
   static const Crc32Tables tables = [] {
     Crc32Tables x{};
