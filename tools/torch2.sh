@@ -6,6 +6,7 @@
 #
 #   tools/torch2.sh prepare    create the chroot, or install what it lacks (as root)
 #   tools/torch2.sh test       prepare, then build and run the torch tests inside it
+#   tools/torch2.sh run CMD    CMD inside it, in this tree (e.g. bench/torch/compare.sh build/torch2)
 #
 # Exit 77 (ctest's "skipped"), with the reason on stderr, where it cannot run: not root, no
 # debootstrap, no Debian apt source to read, the archive unreachable. The chroot lives outside the
@@ -89,14 +90,18 @@ prepare() {
   unmount_all
 }
 
-run_tests() {
-  prepare
-  # The tree at its own path inside the chroot; the emulator's state (/dev/shm), the tests' /tmp.
+# The tree at its own path inside the chroot; the emulator's state (/dev/shm), the tests' /tmp.
+mount_all() {
   mount_into /proc /proc
   mount_into /dev /dev
   mount_into /dev/shm /dev/shm
   mount_into /tmp /tmp
   mount_into "$src" "$src"
+}
+
+run_tests() {
+  prepare
+  mount_all
   local build="$src/build/torch2" version
   version=$(in_root python3 -c 'import torch; print(torch.__version__)') || { echo "torch2: torch does not import in the chroot" >&2; exit 1; }
   echo "torch2: torch $version in Debian 13; building $build"
@@ -110,5 +115,11 @@ run_tests() {
 case "${1:-}" in
   prepare) prepare ;;
   test) run_tests ;;
-  *) echo "usage: tools/torch2.sh prepare|test" >&2; exit 2 ;;
+  run)
+    shift
+    prepare
+    mount_all
+    in_root bash -c 'cd "$1" && shift && "$@"' _ "$src" "$@"
+    ;;
+  *) echo "usage: tools/torch2.sh prepare|test|run COMMAND..." >&2; exit 2 ;;
 esac

@@ -21,3 +21,30 @@ torchrun_compat_flags() {
     TORCHRUN_FLAGS=(--redirects 2 --tee 2 --log_dir "$2")
   fi
 }
+
+# torchrun_works PYTHON: whether this torch's torchrun can start a job. Debian 13's torch 2.6 was
+# built without libuv and its torchrun asks for a libuv TCPStore: it cannot start any
+# (docs/pytorch.md, "PyTorch 1.13 and 2.x").
+torchrun_works() {
+  "$1" -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)' >/dev/null 2>&1
+}
+
+# start_ranks N PORT PYTHON SCRIPT [ARGS...]: ranks 0..N-1 of SCRIPT on this machine with the
+# environment torchrun gives its workers (rendezvous on 127.0.0.1:PORT) and USE_LIBUV=0, which
+# init_process_group's env:// honours; where torchrun cannot start. Returns the first non-zero
+# exit status, or 0.
+start_ranks() {
+  local n=$1 port=$2 py=$3 pids=() r rc=0 s
+  shift 3
+  for ((r = 0; r < n; r++)); do
+    RANK=$r LOCAL_RANK=$r GROUP_RANK=0 WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      USE_LIBUV=0 TORCHELASTIC_RUN_ID=tbverbs-$port "$py" "$@" &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do
+    wait "$r"
+    s=$?
+    [ $rc -ne 0 ] || rc=$s
+  done
+  return $rc
+}

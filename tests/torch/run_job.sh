@@ -38,39 +38,20 @@ esac
 # workers the hostname, which a fresh chroot or container may not resolve: every rank then failed
 # in c10d). Another port when the first one was taken.
 source "$HERE/../common/ports.sh"
-# Debian 13's torch 2.6 was built without libuv, and its torchrun asks for a libuv TCPStore: it
-# cannot start any job. There the ranks start as torchrun would start them (its environment), with
-# USE_LIBUV=0, which init_process_group's env:// honours (docs/pytorch.md, "torch 2.x").
-torchrun_works() { "$PY" -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)' >/dev/null 2>&1; }
-# Ranks 0..N-1 with torchrun's environment, in the background; the status is the first non-zero one.
-run_ranks() {
-  local pids=() r rc=0 s
-  for ((r = 0; r < N; r++)); do
-    RANK=$r LOCAL_RANK=$r GROUP_RANK=0 WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
-      USE_LIBUV=0 TORCHELASTIC_RUN_ID=tbverbs-test "$PY" "$HERE/$script" &
-    pids+=($!)
-  done
-  for r in "${pids[@]}"; do
-    wait "$r"
-    s=$?
-    [ $rc -ne 0 ] || rc=$s
-  done
-  return $rc
-}
-export -f run_ranks
 start=$SECONDS
 for attempt in 1 2 3; do
   PORT=$(free_port)
-  if torchrun_works; then
+  if torchrun_works "$PY"; then
     timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
       TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo \
       "$PY" -m torch.distributed.run --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port "$PORT" \
       --nproc_per_node "$N" --monitor_interval "$monitor" "${TORCHRUN_FLAGS[@]}" \
       "$HERE/$script" >"$OUT" 2>&1
-  else
-    timeout -k 10 240 env PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
-      TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo PY="$PY" HERE="$HERE" script="$script" N="$N" PORT="$PORT" \
-      bash -c run_ranks >"$OUT" 2>&1
+  else # as torchrun would start them (emulated_job.sh)
+    PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" TBVERBS_LIBRARY="$EMU" TBVERBS_EMU_FABRIC="$FABRIC" \
+      TBVERBS_EMU_HOST='host{rank}' OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo \
+      timeout -k 10 240 bash -c 'source "$1"; start_ranks "$2" "$3" "$4" "$5"' _ "$HERE/../common/emulated_job.sh" "$N" "$PORT" \
+      "$PY" "$HERE/$script" >"$OUT" 2>&1
   fi
   RC=$?
   grep -qiE "address already in use|EADDRINUSE" "$OUT" || break
