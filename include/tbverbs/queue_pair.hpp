@@ -327,9 +327,8 @@ private:
     return stamp(e);
   }
   // A request refused before the driver is called: `index` is its place in a chain (-1: posted
-  // alone). Nothing of the chain reached the driver, so `posted` is 0 whatever the index (it was
-  // the index, and a backend counting credits from it waited for requests never posted: issue
-  // 18, finding 2). Stamped with the device and platform, so the catalogue's profile-limit row
+  // alone). Nothing of the chain reached the driver, so `posted` is 0 whatever the index (a
+  // backend counting credits from it must not wait for requests never posted). Stamped with the device and platform, so the catalogue's profile-limit row
   // explains it.
   [[gnu::noinline, gnu::cold]] Error refused(const SendWr& wr, int index) const noexcept {
     const abi::ibv_send_wr& w = wr.wr_;

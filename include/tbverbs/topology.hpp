@@ -205,8 +205,8 @@ public:
       p.device = r.text(static_cast<std::size_t>(r.num(1)));
       p.port = static_cast<std::uint8_t>(r.num(1));
       const auto flags = r.num(1);
-      // The GID index travels as index + 1 (0: none). Checked before it becomes an int (issue
-      // 19, finding 3: 0x80000000 overflowed the conversion, found by fuzz/fuzz_topology.cpp).
+      // The GID index travels as index + 1 (0: none). Checked before it becomes an int
+      // (0x80000000 must not overflow the conversion: fuzz/fuzz_topology.cpp).
       const auto gid_field = r.num(4);
       p.ipv4 = static_cast<std::uint32_t>(r.num(4));
       const auto prefix = r.num(1);

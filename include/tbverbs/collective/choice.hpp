@@ -11,7 +11,7 @@ TBVERBS_NAMESPACE_BEGIN
 namespace collective {
 
 /// The all_reduce crossover: the latency algorithm at or below these bytes per rank, the ring
-/// above. Measured with bench/all_sum/crossover.sh (Release, 2026-12-01, a 2-core machine shared
+/// above. Measured with bench/all_sum/crossover.sh (Release, a 2-core machine shared
 /// with other builds, load average about 4) on the paced emulator at B = 0.25 GB/s, L = 150 us
 /// (Thunderbolt 5's 9.4 GB/s and 4 us slowed 37.6x: the same bandwidth-delay product, 37.6 KB,
 /// which is what places the crossover), time of the latency algorithm over the ring's, 20
