@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace check {
 
@@ -23,6 +25,48 @@ inline int failures = 0;
 inline void failed(const std::string& what) {
   ++failures;
   std::printf("rank %d: FAIL %s\n", rank, what.c_str());
+}
+
+/// True when `r` is ok; else a FAIL line naming `what` and the error.
+template <class R> bool ok(const R& r, const std::string& what) {
+  if (!r) failed(what + ": " + r.error().message());
+  return static_cast<bool>(r);
+}
+
+/// A FAIL line naming `what` and the first element where `got` differs from `want` (or the sizes).
+template <class T> void expect(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  if (got.size() != want.size()) {
+    failed(what + ": " + std::to_string(got.size()) + " elements, expected " + std::to_string(want.size()));
+    return;
+  }
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      failed(what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
+      return;
+    }
+}
+
+/// This rank's options from its launcher's environment, with `timeout` (check::rank set), or
+/// nullopt after a line saying why.
+inline std::optional<tbverbs::CommunicatorOptions> rank_options(std::chrono::milliseconds timeout) {
+  auto opts = tbverbs::CommunicatorOptions::from_env();
+  if (!opts) {
+    std::printf("options: %s\n", opts.error().message().c_str());
+    return std::nullopt;
+  }
+  rank = opts->rank;
+  opts->timeout = timeout;
+  return std::move(*opts);
+}
+
+/// A communicator connected with `o`, or nullopt after a line saying why.
+inline std::optional<tbverbs::Communicator> connected(const tbverbs::CommunicatorOptions& o) {
+  auto comm = tbverbs::Communicator::connect(o);
+  if (!comm) {
+    std::printf("rank %d: connect: %s\n", rank, comm.error().message().c_str());
+    return std::nullopt;
+  }
+  return std::move(*comm);
 }
 
 /// Parses the command line, then runs the job (--local) or this rank. `run_rank(only)` returns the

@@ -33,12 +33,9 @@ using tbverbs::ReduceOp;
 using tbverbs::Request;
 using tbverbs::Result;
 
+using check::expect;
 using check::failed;
-
-bool ok(const Result<void>& r, const std::string& what) {
-  if (!r) failed(what + ": " + r.error().message());
-  return static_cast<bool>(r);
-}
+using check::ok;
 
 // Started, or a FAIL line and an empty optional.
 std::optional<Request> started(Result<Request> r, const std::string& what) {
@@ -47,14 +44,6 @@ std::optional<Request> started(Result<Request> r, const std::string& what) {
     return std::nullopt;
   }
   return std::move(*r);
-}
-
-void expect(const std::vector<std::int64_t>& got, const std::vector<std::int64_t>& want, const std::string& what) {
-  for (std::size_t i = 0; i < want.size(); ++i)
-    if (got[i] != want[i]) {
-      failed(what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
-      return;
-    }
 }
 
 // Rank r's element i of vector v.
@@ -199,18 +188,10 @@ void mismatch_fails_every_request(Communicator& c) {
 }
 
 int run_rank() {
-  auto opts = tbverbs::CommunicatorOptions::from_env();
-  if (!opts) {
-    std::printf("options: %s\n", opts.error().message().c_str());
-    return 1;
-  }
-  check::rank = opts->rank;
-  opts->timeout = std::chrono::milliseconds(20000);
-  auto comm = Communicator::connect(*opts);
-  if (!comm) {
-    std::printf("rank %d: connect: %s\n", check::rank, comm.error().message().c_str());
-    return 1;
-  }
+  auto opts = check::rank_options(std::chrono::milliseconds(20000));
+  if (!opts) return 1;
+  auto comm = check::connected(*opts);
+  if (!comm) return 1;
   Communicator& c = *comm;
   eight_in_flight(c);
   symmetric_exchange(c);

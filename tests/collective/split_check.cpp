@@ -33,24 +33,9 @@ using tbverbs::ReduceOp;
 using tbverbs::Request;
 using tbverbs::Result;
 
+using check::expect;
 using check::failed;
-
-bool ok(const Result<void>& r, const std::string& what) {
-  if (!r) failed(what + ": " + r.error().message());
-  return static_cast<bool>(r);
-}
-
-template <class T> void expect(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
-  if (got.size() != want.size()) {
-    failed(what + ": " + std::to_string(got.size()) + " elements, expected " + std::to_string(want.size()));
-    return;
-  }
-  for (std::size_t i = 0; i < want.size(); ++i)
-    if (got[i] != want[i]) {
-      failed(what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
-      return;
-    }
-}
+using check::ok;
 
 // The members a split gives, in their order there: the family ranks whose color is `color`, by
 // key, then rank.
@@ -271,18 +256,10 @@ void mismatch_breaks_the_family(Communicator& c) {
 }
 
 int run_rank() {
-  auto opts = tbverbs::CommunicatorOptions::from_env();
-  if (!opts) {
-    std::printf("options: %s\n", opts.error().message().c_str());
-    return 1;
-  }
-  check::rank = opts->rank;
-  opts->timeout = std::chrono::milliseconds(20000);
-  auto comm = Communicator::connect(*opts);
-  if (!comm) {
-    std::printf("rank %d: connect: %s\n", check::rank, comm.error().message().c_str());
-    return 1;
-  }
+  auto opts = check::rank_options(std::chrono::milliseconds(20000));
+  if (!opts) return 1;
+  auto comm = check::connected(*opts);
+  if (!comm) return 1;
   Communicator& c = *comm;
   const int n = c.size(), me = c.rank();
   std::vector<int> everyone(static_cast<std::size_t>(n));
