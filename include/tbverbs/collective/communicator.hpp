@@ -16,6 +16,11 @@
 /// recv_async started before a wait run as one group that two ranks sending to each other
 /// complete. docs/collectives.md, "Requests".
 ///
+/// **Split communicators.** split(color, key) and subgroup(ranks) make communicators of some of
+/// the ranks that share this one's links (no new queue pair): a family, whose calls between two
+/// ranks form one stream and whose first error breaks every member. docs/collectives.md, "Split
+/// communicators".
+///
 /// **Threads.** A Communicator is used by one thread at a time: its calls run one after the other
 /// on every rank, in the same order (a call from a second thread while one runs fails with
 /// `invalid_argument` instead of corrupting the streams). abort() may be called from any thread

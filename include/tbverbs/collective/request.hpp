@@ -2,8 +2,8 @@
 /// `Request`: a collective started with a Communicator's `*_async` call, to be waited on or
 /// tested. docs/collectives.md, "Requests", is its guide.
 ///
-/// **Who progresses it.** The communicator's progress thread (started at its first `*_async`
-/// call) runs the started collectives one after the other, in the order they were started, while
+/// **Who progresses it.** The communicator's progress thread (one per family of split
+/// communicators, started at its first `*_async` call) runs the started collectives one after the other, in the order they were started, while
 /// the program computes; `wait()` and `test()` only look. It polls the completion queues while a
 /// request runs (one core busy, as a blocking call's thread is) and sleeps when none does.
 ///
