@@ -492,35 +492,44 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::alltoall_base(at::Tensor& ou
   if (equal)
     return submit(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output},
                   {make_call(Collective::all_to_all, bytes_of(input), bytes_of(output), dt)}, {input, output});
-  const std::int64_t in_row = input.numel() / std::max<std::int64_t>(input.size(0), 1) * input.element_size();
-  const std::int64_t out_row = output.numel() / std::max<std::int64_t>(output.size(0), 1) * output.element_size();
+  return uneven_all_to_all(output, input, in_rows, out_rows, dt);
+}
+
+// Uneven splits: a send and a receive per peer, started as one group (the layer orders it so that
+// no two ranks wait on each other), received into a staging tensor. The output (this rank's own
+// rows too) is written only once every transfer completed: a rank that made another call fails
+// the transfers with it, and then nothing reaches the output.
+c10::intrusive_ptr<c10d::Work> ProcessGroupTbverbs::uneven_all_to_all(at::Tensor& output, const at::Tensor& input,
+                                                                      const std::vector<std::int64_t>& in_rows,
+                                                                      const std::vector<std::int64_t>& out_rows, tbverbs::DType dt) {
+  const auto row_bytes = [](const at::Tensor& t) {
+    return static_cast<std::size_t>(t.numel() / std::max<std::int64_t>(t.size(0), 1) * t.element_size());
+  };
+  const std::size_t in_row = row_bytes(input), out_row = row_bytes(output);
+  at::Tensor staging = at::empty_like(output);
+  std::span<std::byte> in_bytes = bytes_of(input), out_bytes = bytes_of(staging);
   std::vector<Work::Call> calls;
-  std::int64_t in_at = 0, out_at = 0;
-  const int me = getRank();
-  std::span<std::byte> in_bytes = bytes_of(input), out_bytes = bytes_of(output);
-  std::span<const std::byte> mine_in;
-  std::span<std::byte> mine_out;
-  for (std::int64_t q = 0; q < n; ++q) {
-    const auto send = in_bytes.subspan(static_cast<std::size_t>(in_at * in_row), static_cast<std::size_t>(in_rows[q] * in_row));
-    const auto recv = out_bytes.subspan(static_cast<std::size_t>(out_at * out_row), static_cast<std::size_t>(out_rows[q] * out_row));
-    in_at += in_rows[q];
-    out_at += out_rows[q];
-    if (q == me) {
-      TORCH_CHECK(send.size() == recv.size(), "tbverbs: all_to_all_single: this rank sends itself ", in_rows[q], " rows and expects ",
-                  out_rows[q]);
-      mine_in = send;
-      mine_out = recv;
+  std::size_t in_at = 0, out_at = 0;
+  for (std::size_t q = 0; q < in_rows.size(); ++q) {
+    const auto send = in_bytes.subspan(in_at * in_row, static_cast<std::size_t>(in_rows[q]) * in_row);
+    const auto recv = out_bytes.subspan(out_at * out_row, static_cast<std::size_t>(out_rows[q]) * out_row);
+    in_at += static_cast<std::size_t>(in_rows[q]);
+    out_at += static_cast<std::size_t>(out_rows[q]);
+    if (static_cast<int>(q) != getRank()) {
+      calls.push_back(make_call(Collective::send, send, {}, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
+      calls.push_back(make_call(Collective::recv, {}, recv, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
       continue;
     }
-    calls.push_back(make_call(Collective::send, send, {}, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
-    calls.push_back(make_call(Collective::recv, {}, recv, dt, tbverbs::ReduceOp::sum, static_cast<int>(q)));
+    TORCH_CHECK(send.size() == recv.size(), "tbverbs: all_to_all_single: this rank sends itself ", in_rows[q], " rows and expects ",
+                out_rows[q]);
+    if (!send.empty()) std::memcpy(recv.data(), send.data(), send.size()); // into the staging tensor
   }
-  if (!mine_in.empty()) std::memcpy(mine_out.data(), mine_in.data(), mine_in.size());
-  // A collective of send/recv calls: held with the other point-to-point work, then started as one group.
+  // Sends and receives: held with the other point-to-point work, then started as one group.
   auto work = c10::make_intrusive<Work>(core_, getRank(), c10d::OpType::ALLTOALL_BASE, "all_to_all_single (uneven)",
                                         std::vector<at::Tensor>{output}, timeout_);
   work->calls_ = std::move(calls);
-  work->keep_ = {input, output};
+  work->keep_ = {input, staging};
+  work->finish_ = [output, staging]() mutable { output.copy_(staging); };
   core_->submit(work, true);
   core_->flush();
   return work;

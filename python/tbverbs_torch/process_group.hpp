@@ -183,6 +183,10 @@ private:
                                         std::vector<Work::Call> calls, std::vector<at::Tensor> keep = {},
                                         std::function<void()> finish = {});
 
+  // all_to_all_single with uneven splits (alltoall_base's checks made).
+  c10::intrusive_ptr<c10d::Work> uneven_all_to_all(at::Tensor& output, const at::Tensor& input, const std::vector<std::int64_t>& in_rows,
+                                                   const std::vector<std::int64_t>& out_rows, tbverbs::DType dt);
+
   std::shared_ptr<Core> core_;
   std::chrono::milliseconds timeout_;
 };
