@@ -96,7 +96,10 @@ tbverbs::ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const
   case c10d::ReduceOp::PRODUCT: return tbverbs::ReduceOp::prod;
   case c10d::ReduceOp::MIN: return tbverbs::ReduceOp::min;
   case c10d::ReduceOp::MAX: return tbverbs::ReduceOp::max;
-  case c10d::ReduceOp::AVG: return tbverbs::ReduceOp::avg; // floating-point tensors (the layer refuses integers)
+  case c10d::ReduceOp::AVG: // refused here for integers, before any call of the op starts (a coalesced list changes nothing)
+    TORCH_CHECK(t.is_floating_point(), "tbverbs: ", what, ": avg of ", t.scalar_type(),
+                " tensors: avg is defined for floating-point types; for integers, sum and divide as you need");
+    return tbverbs::ReduceOp::avg;
   default: break;
   }
   TORCH_CHECK(false, "tbverbs: ", what, ": only SUM, PRODUCT, MIN, MAX and AVG are supported (the bitwise ops and "

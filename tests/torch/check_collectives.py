@@ -262,6 +262,12 @@ def main():
 
     refused("an int16 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), "not supported")
     refused("AVG of int32", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG), "avg")
+    # A coalesced list refused as a whole, before anything starts: its tensors are left as they were.
+    if hasattr(dist, "all_reduce_coalesced"):
+        kept = [torch.full((4,), rank + 1, dtype=torch.int32) for _ in range(2)]
+        refused("AVG of a coalesced int32 list", lambda: dist.all_reduce_coalesced(kept, op=dist.ReduceOp.AVG), "avg")
+        for t in kept:
+            expect("a coalesced list's tensor after the refusal", t, torch.full((4,), rank + 1, dtype=torch.int32))
     refused("a non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4).t()), "not contiguous")
     refused("the bitwise AND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND),
             "only SUM, PRODUCT, MIN, MAX and AVG")
